@@ -1,0 +1,59 @@
+"""Token bucket as a GCRA: state is one timestamp, computed lazily from elapsed time."""
+
+from __future__ import annotations
+
+import math
+
+
+class TokenBucket:
+    """A token bucket of ``rate`` tokens/s holding at most ``burst`` tokens.
+
+    Stored as the *theoretical arrival time* (GCRA): the bucket is full when
+    ``tat <= now``; a token is available when ``now >= tat - tolerance``.
+    ``margin`` is added to every emission interval so that a little arrival
+    jitter on the way to a strict server does not land two requests closer
+    than the server allows.
+    """
+
+    __slots__ = ("_interval", "_tolerance", "burst", "margin", "rate", "tat")
+
+    def __init__(self, rate: float, burst: int = 1, margin: float = 0.0) -> None:
+        self.tat = -math.inf
+        self.margin = margin
+        self.set_rate(rate, burst)
+
+    def set_rate(self, rate: float, burst: int | None = None) -> None:
+        if not rate > 0 or math.isinf(rate):
+            raise ValueError(f"rate must be a positive finite number, got {rate!r}")
+        burst = self.burst if burst is None else burst
+        if burst < 1:
+            raise ValueError(f"burst must be >= 1, got {burst!r}")
+        if self.margin < 0:
+            raise ValueError(f"margin must be >= 0, got {self.margin!r}")
+        self.rate = rate
+        self.burst = burst
+        self._interval = 1.0 / rate + self.margin
+        self._tolerance = (burst - 1) * self._interval
+
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    def ready_at(self, now: float) -> float:
+        """The earliest time, not before ``now``, at which a token is available."""
+        return max(now, self.tat - self._tolerance)
+
+    def consume(self, now: float) -> None:
+        """Take one token; the caller has checked ``ready_at(now) <= now``."""
+        self.tat = max(self.tat, now) + self._interval
+
+    def refund(self) -> None:
+        """Give back the last token taken (a request that was never sent)."""
+        self.tat -= self._interval
+
+    def hold_until(self, when: float) -> None:
+        """No token before ``when``, and then one, not a burst."""
+        self.tat = max(self.tat, when + self._tolerance)
+
+    def __repr__(self) -> str:
+        return f"TokenBucket(rate={self.rate:g}, burst={self.burst}, tat={self.tat:.3f})"

@@ -1,0 +1,56 @@
+"""Where the numbers come from: global settings with per-origin and per-exit overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PairLimits:
+    rate: float
+    burst: int
+
+
+@dataclass(frozen=True)
+class OriginLimits:
+    rate: float | None  # None: no budget for the origin as a whole
+    burst: int
+
+
+@dataclass(frozen=True)
+class StaticLimits:
+    """Limits fixed by configuration.
+
+    A pair's rate is the most specific one given: the exit's override or the
+    origin's override (the lower of the two when both are set), else ``rate``.
+    """
+
+    rate: float
+    burst: int = 1
+    concurrency: int = 4
+    origin_rate: float | None = None
+    origin_burst: int = 1
+    origins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    exits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def pair(self, origin: str, exit_id: str) -> PairLimits:
+        o = self.origins.get(origin, {})
+        e = self.exits.get(exit_id, {})
+        rates = [r for r in (o.get("rate"), e.get("rate")) if r is not None]
+        bursts = [b for b in (o.get("burst"), e.get("burst")) if b is not None]
+        return PairLimits(
+            rate=min(rates) if rates else self.rate,
+            burst=min(bursts) if bursts else self.burst,
+        )
+
+    def origin(self, origin: str) -> OriginLimits:
+        o = self.origins.get(origin, {})
+        return OriginLimits(
+            rate=o.get("origin_rate", self.origin_rate),
+            burst=o.get("origin_burst", self.origin_burst),
+        )
+
+    def exit_concurrency(self, exit_id: str) -> int:
+        return int(self.exits.get(exit_id, {}).get("concurrency", self.concurrency))

@@ -1,0 +1,122 @@
+import pytest
+from scrapy.exceptions import NotConfigured
+from scrapy.settings import Settings
+
+from scrapy_exitlimit.config import DEFAULT_PAIR_RATE, ExitLimitConfig
+
+EXITS = ["http://127.0.0.1:9000", "http://u:secret@127.0.0.1:9001"]
+
+
+def config(**values):
+    return ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": EXITS, **values}))
+
+
+def test_defaults():
+    c = config()
+    assert [e.id for e in c.exits][0] == "127.0.0.1:9000"
+    assert "secret" not in c.exits[1].id
+    assert c.limits.rate == DEFAULT_PAIR_RATE and not c.rate_given
+    assert c.limits.burst == 1 and c.limits.concurrency == 4 and c.limits.origin_rate is None
+    assert c.max_retries == 5
+
+
+def test_values_are_read():
+    c = config(EXITLIMIT_RATE="5", EXITLIMIT_BURST=2, EXITLIMIT_CONCURRENCY=8,
+               EXITLIMIT_ORIGIN_RATE=20, EXITLIMIT_MAX_RETRIES=0, EXITLIMIT_JITTER=0.2)
+    assert (c.limits.rate, c.limits.burst, c.limits.concurrency) == (5.0, 2, 8)
+    assert c.limits.origin_rate == 20.0 and c.rate_given and c.max_retries == 0 and c.jitter == 0.2
+
+
+def test_disabled_or_no_exits_is_not_configured():
+    with pytest.raises(NotConfigured):
+        config(EXITLIMIT_ENABLED=False)
+    with pytest.raises(NotConfigured, match="EXITLIMIT_EXITS"):
+        ExitLimitConfig.from_settings(Settings({}))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("EXITLIMIT_RATE", 0),
+        ("EXITLIMIT_RATE", -5),
+        ("EXITLIMIT_RATE", "fast"),
+        ("EXITLIMIT_RATE", float("inf")),
+        ("EXITLIMIT_RATE", float("nan")),
+        ("EXITLIMIT_BURST", 0),
+        ("EXITLIMIT_BURST", 1.5),
+        ("EXITLIMIT_CONCURRENCY", 0),
+        ("EXITLIMIT_ORIGIN_RATE", 0),
+        ("EXITLIMIT_MAX_RETRIES", -1),
+        ("EXITLIMIT_COOLDOWN_MAX", 0),
+        ("EXITLIMIT_JITTER", -0.1),
+        ("EXITLIMIT_SAFETY_MARGIN", "x"),
+    ],
+)
+def test_bad_values_name_the_setting(name, value):
+    with pytest.raises(ValueError, match=name):
+        config(**{name: value})
+
+
+def test_cooldown_bounds_must_be_ordered():
+    with pytest.raises(ValueError, match="EXITLIMIT_COOLDOWN_MIN"):
+        config(EXITLIMIT_COOLDOWN_MIN=10, EXITLIMIT_COOLDOWN_MAX=5)
+
+
+@pytest.mark.parametrize(
+    "exits",
+    [["ftp://127.0.0.1:21"], ["127.0.0.1:9000"], ["http://127.0.0.1:notaport"],
+     ["http://127.0.0.1:9000", "http://127.0.0.1:9000"], 42],
+)
+def test_bad_exits_name_the_setting(exits):
+    with pytest.raises(ValueError, match="EXITLIMIT_EXITS"):
+        ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": exits}))
+
+
+def test_bad_exit_error_does_not_leak_the_password():
+    with pytest.raises(ValueError) as info:
+        ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": ["ftp://u:hunter2@h:1"]}))
+    assert "hunter2" not in str(info.value)
+
+
+def test_exits_from_a_file_and_from_a_string(tmp_path):
+    path = tmp_path / "exits.txt"
+    path.write_text("# pool\nhttp://127.0.0.1:9000\n\nhttp://127.0.0.1:9001\n")
+    c = ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": str(path)}))
+    assert [e.id for e in c.exits] == ["127.0.0.1:9000", "127.0.0.1:9001"]
+    c = ExitLimitConfig.from_settings(
+        Settings({"EXITLIMIT_EXITS": "http://127.0.0.1:9000,http://127.0.0.1:9001"}))
+    assert len(c.exits) == 2
+    with pytest.raises(ValueError, match="EXITLIMIT_EXITS"):
+        ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": str(tmp_path / "nope")}))
+
+
+def test_overrides_by_url_or_id():
+    c = config(
+        EXITLIMIT_RATE=5,
+        EXITLIMIT_ORIGIN_SETTINGS={"http://site.test/": {"rate": 2, "origin_rate": 10}},
+        EXITLIMIT_EXIT_SETTINGS={EXITS[1]: {"concurrency": 1, "rate": 1},
+                                 "127.0.0.1:9000": {"burst": 3}},
+    )
+    secret_id = c.exits[1].id
+    assert c.limits.exit_concurrency(secret_id) == 1
+    assert c.limits.pair("http://site.test", secret_id).rate == 1
+    assert c.limits.pair("http://site.test", "127.0.0.1:9000").rate == 2
+    assert c.limits.pair("http://site.test", "127.0.0.1:9000").burst == 3
+    assert c.limits.origin("http://site.test").rate == 10
+    assert c.limits.origin("http://elsewhere.test").rate is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("EXITLIMIT_EXIT_SETTINGS", {"http://127.0.0.1:1": {"rate": 1}}, "not in EXITLIMIT_EXITS"),
+        ("EXITLIMIT_EXIT_SETTINGS", {EXITS[0]: {"speed": 1}}, "unknown keys"),
+        ("EXITLIMIT_EXIT_SETTINGS", {EXITS[0]: {"concurrency": 0}}, "concurrency"),
+        ("EXITLIMIT_ORIGIN_SETTINGS", {"http://a.test": {"rate": -1}}, "rate"),
+        ("EXITLIMIT_ORIGIN_SETTINGS", {"http://a.test": 5}, "must be a dict"),
+    ],
+)
+def test_bad_overrides(name, value, match):
+    with pytest.raises(ValueError, match=match) as info:
+        config(**{name: value})
+    assert name in str(info.value)

@@ -1,0 +1,159 @@
+import math
+import random
+
+import pytest
+
+from scrapy_exitlimit.core import UNTIL_RELEASE, Lease, Limiter, StaticLimits, make_exit
+
+from .conftest import FakeClock
+
+O = "http://site.test"
+O2 = "http://other.test"
+
+
+def exits(n):
+    return [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(n)]
+
+
+def limiter(n=2, clock=None, **kw):
+    limits = StaticLimits(**{"rate": 5.0, "burst": 1, "concurrency": 2, **kw})
+    return Limiter(exits(n), limits, clock=clock or FakeClock(), rng=random.Random(1))
+
+
+def test_spreads_over_exits_then_waits_for_the_first_token():
+    clock = FakeClock(0.0)
+    lim = limiter(2, clock)
+    a, b = lim.try_admit(O), lim.try_admit(O)
+    assert isinstance(a, Lease) and isinstance(b, Lease)
+    assert {a.exit_id, b.exit_id} == {"127.0.0.1:9000", "127.0.0.1:9001"}
+    assert lim.try_admit(O) == pytest.approx(0.2)
+    clock.advance(0.2)
+    assert isinstance(lim.try_admit(O), Lease)
+
+
+def test_pairs_are_per_origin():
+    lim = limiter(1, FakeClock(0.0), concurrency=3)
+    assert isinstance(lim.try_admit(O), Lease)
+    assert isinstance(lim.try_admit(O2), Lease)  # same exit, other origin: its own bucket
+    assert lim.try_admit(O) == pytest.approx(0.2)
+
+
+def test_exit_lease_cap_holds_across_origins_and_release_frees_it():
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=1000.0, concurrency=2)
+    first = lim.try_admit(O)
+    assert isinstance(lim.try_admit(O2), Lease)
+    clock.advance(1.0)
+    assert lim.try_admit(O) == UNTIL_RELEASE
+    assert lim.release(first.id) is first
+    assert lim.release(first.id) is None  # twice is a no-op
+    assert isinstance(lim.try_admit(O), Lease)
+    assert lim.exits["127.0.0.1:9000"].in_flight == 2
+
+
+def test_least_loaded_exit_wins():
+    clock = FakeClock(0.0)
+    lim = limiter(2, clock, rate=1000.0, concurrency=4)
+    a = lim.try_admit(O)
+    clock.advance(1)
+    b = lim.try_admit(O)
+    assert a.exit_id != b.exit_id
+    lim.release(a.id)
+    clock.advance(1)
+    assert lim.try_admit(O).exit_id == a.exit_id
+
+
+def test_origin_budget_caps_all_exits_together():
+    clock = FakeClock(0.0)
+    lim = limiter(10, clock, rate=100.0, origin_rate=2.0)
+    assert isinstance(lim.try_admit(O), Lease)
+    assert lim.try_admit(O) == pytest.approx(0.5)
+    clock.advance(0.5)
+    assert isinstance(lim.try_admit(O), Lease)
+
+
+def test_origin_override_and_exit_override_take_the_lower_rate():
+    e = exits(2)
+    limits = StaticLimits(rate=5.0, origins={O: {"rate": 2.0}}, exits={e[1].id: {"rate": 1.0}})
+    assert limits.pair(O, e[0].id).rate == 2.0
+    assert limits.pair(O, e[1].id).rate == 1.0
+    assert limits.pair(O2, e[0].id).rate == 5.0
+    assert limits.pair(O2, e[1].id).rate == 1.0
+
+
+def test_429_cools_the_pair_and_not_the_others():
+    clock = FakeClock(0.0)
+    lim = limiter(2, clock, rate=100.0)
+    a = lim.try_admit(O)
+    until = lim.rate_limited(O, a.exit_id, 3.0)
+    assert 3.0 <= until <= 3.0 * 1.0  # jitter 0 by default
+    lim.release(a.id)
+    clock.advance(0.1)
+    got = [lim.try_admit(O) for _ in range(2)]
+    assert got[0].exit_id != a.exit_id
+    # the other exit's next token is 10 ms away, sooner than the cooldown
+    assert got[1] == pytest.approx(0.11)
+    clock.now = 3.0
+    assert lim.try_admit(O).exit_id == a.exit_id
+    # cooldown ends with one request, not a burst
+    assert lim.pair_state(O, a.exit_id).ready_at(3.0) == pytest.approx(3.01)
+
+
+def test_cooldown_jitter_stays_within_its_fraction_and_never_shortens():
+    clock = FakeClock(0.0)
+    e = exits(1)
+    lim = Limiter(e, StaticLimits(rate=1.0), clock=clock, jitter=0.5, rng=random.Random(7))
+    ends = [lim.rate_limited(O, e[0].id, 10.0) for _ in range(20)]
+    assert all(10.0 <= t <= 15.0 for t in ends)
+    assert ends == sorted(ends)  # max(): a later, shorter deadline never wins
+    before = lim.pair_state(O, e[0].id).cooldown_until
+    lim.rate_limited(O, e[0].id, 1.0)
+    assert lim.pair_state(O, e[0].id).cooldown_until == before
+    assert lim.pair_state(O, e[0].id).streak_429 == 21
+    lim.succeeded(O, e[0].id)
+    assert lim.pair_state(O, e[0].id).streak_429 == 0
+
+
+def test_earliest_wait_is_infinite_only_when_every_lease_is_taken():
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=1.0, concurrency=1)
+    lease = lim.try_admit(O)
+    assert lim.try_admit(O) == math.inf
+    lim.release(lease.id)
+    assert lim.try_admit(O) == pytest.approx(1.0)
+
+
+def test_admissions_never_exceed_rate_times_window_plus_burst():
+    clock = FakeClock(0.0)
+    lim = limiter(3, clock, rate=5.0, burst=2, concurrency=100)
+    admitted = []
+    while clock.now < 10.0:
+        got = lim.try_admit(O)
+        if isinstance(got, Lease):
+            admitted.append(got)
+            lim.release(got.id)
+        else:
+            clock.now = got
+    per_exit = {}
+    for lease in admitted:
+        per_exit.setdefault(lease.exit_id, []).append(lease.admitted_at)
+    for times in per_exit.values():
+        assert len(times) <= 5.0 * 10.0 + 2
+        assert len(times) >= 5.0 * 10.0 - 1  # and the pool is not left idle
+        for i in range(2, len(times)):
+            assert times[i] - times[i - 2] >= 0.2 - 1e-9  # burst 2: any 3 span >= 1 interval
+
+
+def test_stale_leases_are_reported():
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock)
+    lease = lim.try_admit(O)
+    clock.advance(5)
+    assert list(lim.stale_leases(10)) == []
+    clock.advance(6)
+    assert list(lim.stale_leases(10)) == [lease]
+
+
+def test_needs_an_exit():
+    with pytest.raises(ValueError):
+        Limiter([], StaticLimits(rate=1.0), clock=FakeClock())
