@@ -175,9 +175,9 @@ class ExitLimitMiddleware:
         return request.replace(meta=new_meta, dont_filter=True)
 
     # -- feedback ----------------------------------------------------------
-    def _release(self, request: Request) -> None:
+    def _release(self, request: Request, answered: bool = False) -> None:
         lease_id = request.meta.pop(LEASE_KEY, None)
-        if lease_id is not None and self.limiter.release(lease_id) is not None:
+        if lease_id is not None and self.limiter.release(lease_id, answered) is not None:
             self.queue.wake()
 
     def _left_downloader(self, request: Request, spider: Any = None) -> None:
@@ -189,6 +189,10 @@ class ExitLimitMiddleware:
         exit_id = request.meta.get("exitlimit_exit")
         if exit_id is None or LEASE_KEY not in request.meta:
             return
+        self._feedback(request, response, exit_id)
+        self._release(request, answered=True)
+
+    def _feedback(self, request: Request, response: Response, exit_id: str) -> None:
         origin = origin_of(request)
         if response.status == 429:
             seconds = parse_retry_after(
@@ -208,7 +212,6 @@ class ExitLimitMiddleware:
                 self.stats.inc_value(f"exitlimit/exit/{exit_id}/response_429")
             logger.debug("exitlimit: 429 from %s via %s, cooling the pair for %.2fs",
                          origin, exit_id, until - self.limiter.clock())
-            self.queue.wake()
         elif response.status < 400:
             self.limiter.succeeded(origin, exit_id)
 

@@ -24,6 +24,14 @@ class PairState:
     bucket: TokenBucket
     cooldown_until: float = -math.inf
     streak_429: int = 0
+    in_flight: int = 0
+    #: no answer seen yet: the first request may sit behind a cold connection and
+    #: reach the server late, so the second one would land too close behind it
+    proven: bool = False
+
+    @property
+    def probing(self) -> bool:
+        return not self.proven and self.in_flight > 0
 
     def ready_at(self, now: float) -> float:
         return max(self.bucket.ready_at(now), self.cooldown_until)
@@ -118,6 +126,8 @@ class Limiter:
             if not estate.free:
                 continue
             pair = ostate.pairs.get(estate.exit.id) or self.pair_state(origin, estate.exit.id)
+            if pair.probing:
+                continue  # its first answer will wake the queue
             ready = pair.ready_at(now)
             if ready > now:
                 earliest = min(earliest, ready)
@@ -135,16 +145,26 @@ class Limiter:
             ostate.budget.consume(now)
         _, estate, pair = best
         pair.bucket.consume(now)
+        pair.in_flight += 1
         estate.in_flight += 1
         lease = Lease(next(self._lease_ids), origin, estate.exit.id, now)
         self.leases[lease.id] = lease
         return lease
 
-    def release(self, lease_id: int) -> Lease | None:
-        """Return a lease's place to its exit; releasing twice is a no-op."""
+    def release(self, lease_id: int, answered: bool = True) -> Lease | None:
+        """Return a lease's place to its exit; releasing twice is a no-op.
+
+        ``answered``: the server answered (any status), so the pair's path is warm.
+        """
         lease = self.leases.pop(lease_id, None)
         if lease is not None:
             self.exits[lease.exit_id].in_flight -= 1
+            pair = self.pair_state(lease.origin, lease.exit_id)
+            pair.in_flight -= 1
+            if answered and not pair.proven:
+                # the probe reached the server at the latest now: pace the next from here
+                pair.proven = True
+                pair.bucket.hold_until(self.clock() + pair.bucket.interval)
         return lease
 
     def stale_leases(self, older_than: float, now: float | None = None) -> Iterable[Lease]:

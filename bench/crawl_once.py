@@ -1,0 +1,93 @@
+"""One benchmark crawl in its own process (a fresh reactor): prints a JSON result line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+from scrapy import signals
+from scrapy.crawler import CrawlerProcess
+
+from scrapy_exitlimit.lab.spider import PagesSpider
+
+
+class RandomProxyMiddleware:
+    """What most crawls do today: a random exit from the pool for every request."""
+
+    def __init__(self, exits):
+        self.exits = exits
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls(crawler.settings.getlist("BENCH_EXITS"))
+
+    def process_request(self, request, spider=None):
+        request.meta["proxy"] = random.choice(self.exits)
+
+
+def strategy_settings(name: str, exits: list[str], rate: float) -> dict:
+    random_proxy = {
+        "BENCH_EXITS": exits,
+        "DOWNLOADER_MIDDLEWARES": {__name__ + ".RandomProxyMiddleware": 740},
+    }
+    if name == "random-proxy":
+        return random_proxy
+    if name == "autothrottle":
+        return {**random_proxy, "AUTOTHROTTLE_ENABLED": True}
+    if name == "global-delay":
+        return {**random_proxy, "DOWNLOAD_DELAY": 1.0 / rate, "DOWNLOAD_DELAY_JITTER": 0,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    if name == "exitlimit":
+        return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits,
+                "EXITLIMIT_RATE": rate}
+    if name == "exitlimit-learned":
+        return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits}
+    raise SystemExit(f"unknown strategy {name!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strategy", required=True)
+    ap.add_argument("--origin", required=True)
+    ap.add_argument("--exits", required=True, help="comma-separated proxy URLs")
+    ap.add_argument("--rate", type=float, default=5.0)
+    ap.add_argument("--pages", type=int, default=500)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    exits = args.exits.split(",")
+    settings = {
+        "LOG_LEVEL": "WARNING",
+        "TELNETCONSOLE_ENABLED": False,
+        "ROBOTSTXT_OBEY": False,
+        "CLOSESPIDER_TIMEOUT": args.timeout,
+        **strategy_settings(args.strategy, exits, args.rate),
+    }
+    process = CrawlerProcess(settings)
+    crawler = process.create_crawler(PagesSpider)
+    times: dict[str, float] = {}
+    crawler.signals.connect(lambda **_: times.setdefault("open", time.monotonic()),
+                            signal=signals.spider_opened)
+    crawler.signals.connect(lambda **_: times.setdefault("close", time.monotonic()),
+                            signal=signals.spider_closed)
+    process.crawl(crawler, base=args.origin, pages=args.pages)
+    process.start()
+    spider = crawler.spider
+    stats = crawler.stats.get_stats()
+    json.dump({
+        "strategy": args.strategy,
+        "pages": args.pages,
+        "ok": len(spider.ok),
+        "failed": len(spider.failed),
+        "wall": times["close"] - times["open"],
+        "finish_reason": stats.get("finish_reason"),
+        "requests": stats.get("downloader/request_count", 0),
+        "exitlimit": {k: v for k, v in stats.items() if k.startswith("exitlimit/")},
+    }, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()

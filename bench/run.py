@@ -1,0 +1,103 @@
+"""Benchmark: every strategy against the same lab, in one run, as ratios.
+
+    python bench/run.py                      # 10 exits x 5 r/s per IP, 500 pages
+    python bench/run.py --pages 200 --strategies exitlimit,random-proxy
+
+Starts the lab in its own process, runs each strategy's crawl in a fresh
+process, and reads the origin's own counts. utilization = ideal time
+(pages / (exits x rate)) / wall time from spider_opened to spider_closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STRATEGIES = ["random-proxy", "autothrottle", "global-delay", "exitlimit"]
+
+
+def lab_call(origin: str, path: str, method: str = "GET") -> dict:
+    req = urllib.request.Request(origin + path, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = resp.read()
+    return json.loads(body) if body.strip().startswith(b"{") else {}
+
+
+def start_lab(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
+    cmd = [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(args.exits),
+           "--rate", str(args.rate), "--burst", "1", "--retry-after", "1"]
+    lab = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    line = lab.stdout.readline()
+    if not line:
+        raise SystemExit("the lab did not start")
+    return lab, json.loads(line)
+
+
+def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
+    origin = lab["origin_url"]
+    lab_call(origin, "/_lab/reset", "POST")
+    pages = args.pages
+    if name == "global-delay":  # one global delay crawls at 1/exits of the pool: keep it short
+        pages = min(pages, args.global_delay_pages)
+    out = subprocess.run(
+        [sys.executable, str(HERE / "crawl_once.py"), "--strategy", name, "--origin", origin,
+         "--exits", ",".join(lab["exit_urls"]), "--rate", str(args.rate),
+         "--pages", str(pages), "--timeout", str(args.timeout)],
+        capture_output=True, text=True, check=False,
+    )
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr[-3000:])
+        raise SystemExit(f"strategy {name} failed")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    totals = lab_call(origin, "/_lab/stats")["totals"]
+    responses = totals["arrivals"]
+    ideal = pages / (args.exits * args.rate)
+    result.update(
+        lost=pages - result["ok"],
+        responses=responses,
+        share_429=(totals["status"].get("429", 0) / responses) if responses else 0.0,
+        per_page=responses / pages,
+        utilization=ideal / result["wall"],
+    )
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exits", type=int, default=10)
+    ap.add_argument("--rate", type=float, default=5.0)
+    ap.add_argument("--pages", type=int, default=500)
+    ap.add_argument("--global-delay-pages", type=int, default=100)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args()
+    lab, info = start_lab(args)
+    rows = []
+    try:
+        for name in args.strategies.split(","):
+            rows.append(run_strategy(name, info, args))
+            r = rows[-1]
+            print(f"  {name}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s", file=sys.stderr)
+    finally:
+        lab.terminate()
+        lab.wait(10)
+    print(f"\n{args.exits} exits x {args.rate:g} r/s per IP (no burst), Retry-After 1\n")
+    header = f"{'strategy':<18} {'pages':>6} {'lost':>6} {'429 share':>10} {'req/page':>9} " \
+             f"{'wall s':>7} {'utilization':>12}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['strategy']:<18} {r['pages']:>6} {r['lost']:>6} {r['share_429']:>10.2%} "
+              f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['utilization']:>12.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

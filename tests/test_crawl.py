@@ -1,0 +1,150 @@
+"""Real crawls through the lab: per-IP limited origin, proxies on distinct loopback IPs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest_twisted
+from scrapy import signals
+
+from scrapy_exitlimit.lab import Lab, OriginConfig
+
+from .crawling import PagesSpider, crawl
+
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_page_lost_and_no_exit_over_its_limit():
+    lab = Lab(exits=3, origin=OriginConfig(rate=10, burst=1))
+    lab.start()
+    try:
+        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 10},
+                              lab.origin_url, 60)
+    finally:
+        await lab.stop()
+    spider = crawler.spider
+    stats = crawler.stats.get_stats()
+    assert len(spider.ok) == 60 and not spider.failed
+    assert stats["exitlimit/admitted"] == 60
+    assert stats["finish_reason"] == "finished"
+    origin = lab.origin
+    assert origin.total(429) == 0
+    ips = sorted(origin.stats()["ips"])
+    assert ips == ["127.0.0.10", "127.0.0.11", "127.0.0.12"]
+    for ip in ips:
+        # the origin's own clock: never more than the limit in any second
+        assert origin.max_in_window(ip, 1.0) <= 10
+        assert origin.max_in_window(ip, 0.099) <= 1  # strict pacing, no burst
+    # late binding spreads the work: every exit did about a third
+    assert all(15 <= origin.stats()["ips"][ip]["accepted"] <= 25 for ip in ips)
+
+
+@pytest_twisted.ensureDeferred
+async def test_429s_are_reissued_and_their_cooldown_honoured():
+    # the origin allows 4 r/s per IP; we claim 20 r/s: the origin has to push back
+    lab = Lab(exits=3, origin=OriginConfig(rate=4, burst=1, retry_after=1))
+    lab.start()
+    try:
+        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 20,
+                               "EXITLIMIT_CONCURRENCY": 1, "EXITLIMIT_JITTER": 0,
+                               "EXITLIMIT_MAX_RETRIES": 50},
+                              lab.origin_url, 9)
+    finally:
+        await lab.stop()
+    spider, stats = crawler.spider, crawler.stats.get_stats()
+    assert len(spider.ok) == 9 and not spider.failed
+    rejected = lab.origin.total(429)
+    assert rejected > 0
+    assert stats["exitlimit/response_429"] == rejected
+    assert stats["exitlimit/reissued"] == rejected
+    assert "retry/count" not in stats  # RetryMiddleware never saw them
+    for ip in lab.origin.stats()["ips"]:
+        events = lab.origin.events(ip)  # [(time, status)]
+        for (t, status), (t_next, _) in zip(events, events[1:]):
+            if status == 429:
+                assert t_next - t >= 1.0 - 0.01, (ip, t, t_next)
+
+
+@pytest_twisted.ensureDeferred
+async def test_spent_retry_budget_is_visible_not_silent():
+    lab = Lab(exits=1, origin=OriginConfig(rate=2, burst=1, retry_after=0))
+    lab.start()
+    try:
+        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 50,
+                               "EXITLIMIT_MAX_RETRIES": 0, "EXITLIMIT_COOLDOWN_MIN": 0.05},
+                              lab.origin_url, 10)
+    finally:
+        await lab.stop()
+    spider, stats = crawler.spider, crawler.stats.get_stats()
+    assert stats.get("exitlimit/gave_up", 0) > 0
+    assert len(spider.ok) + len(spider.failed) == 10
+    assert len(spider.failed) == stats["exitlimit/gave_up"]
+    assert set(spider.failed.values()) == {"HTTP 429"}
+    assert "retry/count" not in stats
+
+
+class TwoKindsSpider(PagesSpider):
+    async def start(self):
+        async for request in super().start():
+            yield request
+        yield self.make_direct()
+
+    def make_direct(self):
+        from scrapy import Request
+
+        return Request(f"{self.base}/page/999", meta={"dont_exitlimit": True},
+                       callback=self.parse, errback=self.error)
+
+
+@pytest_twisted.ensureDeferred
+async def test_dont_exitlimit_requests_go_direct():
+    lab = Lab(exits=2, origin=OriginConfig(rate=None))
+    lab.start()
+    try:
+        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 100},
+                              lab.origin_url, 4, TwoKindsSpider)
+    finally:
+        await lab.stop()
+    assert len(crawler.spider.ok) == 5
+    assert crawler.stats.get_value("exitlimit/admitted") == 4
+    assert "127.0.0.1" in lab.origin.stats()["ips"]  # the direct one left from no exit
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_with_parked_requests_is_prompt_and_hands_them_back(tmp_path):
+    """A slow pool and CLOSESPIDER_TIMEOUT: parked requests go back to the JOBDIR queue."""
+    lab = Lab(exits=1, origin=OriginConfig(rate=None))
+    lab.start()
+    jobdir = str(tmp_path / "job")
+    try:
+        crawler = None
+        closing = {}
+
+        def on_close(**_):
+            closing["closed"] = time.monotonic()
+
+        settings = {"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 2,
+                    "CLOSESPIDER_TIMEOUT": 1.0, "JOBDIR": jobdir}
+        from scrapy.utils.test import get_crawler
+
+        from .crawling import QUIET
+
+        crawler = get_crawler(PagesSpider, {**QUIET, **settings})
+        crawler.signals.connect(on_close, signal=signals.spider_closed)
+        started_at = time.monotonic()
+
+        await crawler.crawl(base=lab.origin_url, pages=30)
+        stats = crawler.stats.get_stats()
+        assert stats["finish_reason"] == "closespider_timeout"
+        # closes about a second after the close request, not after the longest wait (~15 s)
+        assert closing["closed"] - started_at < 1.0 + 1.0
+        handed = stats["exitlimit/requeued_on_close"]
+        first_ok = len(crawler.spider.ok)
+        assert handed > 0 and first_ok < 30
+        # nothing vanished: a second run on the same JOBDIR fetches exactly the rest
+        second = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 100,
+                              "JOBDIR": jobdir}, lab.origin_url, 30)
+        assert first_ok + len(second.spider.ok) == 30
+        assert not (set(crawler.spider.ok) & set(second.spider.ok))
+    finally:
+        await lab.stop()
