@@ -6,9 +6,7 @@ import argparse
 import json
 import random
 import sys
-import time
 
-from scrapy import signals
 from scrapy.crawler import CrawlerProcess
 
 from scrapy_exitlimit.lab.spider import PagesSpider
@@ -67,11 +65,6 @@ def main() -> None:
     }
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PagesSpider)
-    times: dict[str, float] = {}
-    crawler.signals.connect(lambda **_: times.setdefault("open", time.monotonic()),
-                            signal=signals.spider_opened)
-    crawler.signals.connect(lambda **_: times.setdefault("close", time.monotonic()),
-                            signal=signals.spider_closed)
     process.crawl(crawler, base=args.origin, pages=args.pages)
     process.start()
     spider = crawler.spider
@@ -81,7 +74,7 @@ def main() -> None:
         "pages": args.pages,
         "ok": len(spider.ok),
         "failed": len(spider.failed),
-        "wall": times["close"] - times["open"],
+        "wall": stats["elapsed_time_seconds"],  # spider_opened to spider_closed
         "finish_reason": stats.get("finish_reason"),
         "requests": stats.get("downloader/request_count", 0),
         "exitlimit": {k: v for k, v in stats.items() if k.startswith("exitlimit/")},

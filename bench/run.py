@@ -4,8 +4,9 @@
     python bench/run.py --pages 200 --strategies exitlimit,random-proxy
 
 Starts the lab in its own process, runs each strategy's crawl in a fresh
-process, and reads the origin's own counts. utilization = ideal time
-(pages / (exits x rate)) / wall time from spider_opened to spider_closed.
+process, and reads the origin's own counts. utilization = ideal time for the
+pages actually fetched (ok / (exits x rate)) / wall time from spider_opened to
+spider_closed; 429 share = the origin's 429s / all requests it received.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ STRATEGIES = ["random-proxy", "autothrottle", "global-delay", "exitlimit"]
 
 
 def lab_call(origin: str, path: str, method: str = "GET") -> dict:
-    req = urllib.request.Request(origin + path, method=method, data=b"" if method == "POST" else None)
+    data = b"" if method == "POST" else None
+    req = urllib.request.Request(origin + path, method=method, data=data)
     with urllib.request.urlopen(req, timeout=10) as resp:
         body = resp.read()
     return json.loads(body) if body.strip().startswith(b"{") else {}
@@ -56,7 +58,7 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     totals = lab_call(origin, "/_lab/stats")["totals"]
     responses = totals["arrivals"]
-    ideal = pages / (args.exits * args.rate)
+    ideal = result["ok"] / (args.exits * args.rate)  # goodput: lost pages earn nothing
     result.update(
         lost=pages - result["ok"],
         responses=responses,

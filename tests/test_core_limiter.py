@@ -7,8 +7,8 @@ from scrapy_exitlimit.core import UNTIL_RELEASE, Lease, Limiter, StaticLimits, m
 
 from .conftest import FakeClock
 
-O = "http://site.test"
-O2 = "http://other.test"
+SITE = "http://site.test"
+OTHER = "http://other.test"
 
 
 def exits(n):
@@ -23,98 +23,102 @@ def limiter(n=2, clock=None, **kw):
 def test_spreads_over_exits_then_waits_for_the_first_token():
     clock = FakeClock(0.0)
     lim = limiter(2, clock)
-    a, b = lim.try_admit(O), lim.try_admit(O)
+    a, b = lim.try_admit(SITE), lim.try_admit(SITE)
     assert isinstance(a, Lease) and isinstance(b, Lease)
     assert {a.exit_id, b.exit_id} == {"127.0.0.1:9000", "127.0.0.1:9001"}
     lim.release(a.id), lim.release(b.id)
-    assert lim.try_admit(O) == pytest.approx(0.2)
+    assert lim.try_admit(SITE) == pytest.approx(0.2)
     clock.advance(0.2)
-    assert isinstance(lim.try_admit(O), Lease)
+    assert isinstance(lim.try_admit(SITE), Lease)
 
 
 def test_pairs_are_per_origin():
     lim = limiter(1, FakeClock(0.0), concurrency=3)
-    first = lim.try_admit(O)
-    assert isinstance(lim.try_admit(O2), Lease)  # same exit, other origin: its own bucket
+    first = lim.try_admit(SITE)
+    assert isinstance(lim.try_admit(OTHER), Lease)  # same exit, other origin: its own bucket
     lim.release(first.id)
-    assert lim.try_admit(O) == pytest.approx(0.2)
+    assert lim.try_admit(SITE) == pytest.approx(0.2)
 
 
 def test_a_new_pair_sends_one_request_until_it_hears_back():
     """The first request may ride a cold connection and arrive late: the second waits."""
     clock = FakeClock(0.0)
     lim = limiter(1, clock, rate=100.0, concurrency=4)
-    first = lim.try_admit(O)
+    first = lim.try_admit(SITE)
     clock.advance(1.0)
-    assert lim.try_admit(O) == UNTIL_RELEASE
+    assert lim.try_admit(SITE) == UNTIL_RELEASE
     lim.release(first.id, answered=False)  # failed without an answer: still unproven
-    second = lim.try_admit(O)
+    second = lim.try_admit(SITE)
     clock.advance(1.0)
-    assert lim.try_admit(O) == UNTIL_RELEASE
+    assert lim.try_admit(SITE) == UNTIL_RELEASE
     lim.release(second.id, answered=True)
-    assert isinstance(lim.try_admit(O), Lease)
+    # the probe may have reached the server as late as its answer: one interval from there
+    assert lim.try_admit(SITE) == pytest.approx(2.01)
     clock.advance(0.01)
-    assert isinstance(lim.try_admit(O), Lease)  # proven: several in flight now
+    assert isinstance(lim.try_admit(SITE), Lease)
+    clock.advance(0.01)
+    assert isinstance(lim.try_admit(SITE), Lease)  # proven: several in flight now
 
 
 def test_exit_lease_cap_holds_across_origins_and_release_frees_it():
     clock = FakeClock(0.0)
     lim = limiter(1, clock, rate=1000.0, concurrency=2)
-    first = lim.try_admit(O)
-    assert isinstance(lim.try_admit(O2), Lease)
+    first = lim.try_admit(SITE)
+    assert isinstance(lim.try_admit(OTHER), Lease)
     clock.advance(1.0)
-    assert lim.try_admit(O) == UNTIL_RELEASE
+    assert lim.try_admit(SITE) == UNTIL_RELEASE
     assert lim.release(first.id) is first
     assert lim.release(first.id) is None  # twice is a no-op
-    assert isinstance(lim.try_admit(O), Lease)
+    clock.advance(0.001)
+    assert isinstance(lim.try_admit(SITE), Lease)
     assert lim.exits["127.0.0.1:9000"].in_flight == 2
 
 
 def test_least_loaded_exit_wins():
     clock = FakeClock(0.0)
     lim = limiter(2, clock, rate=1000.0, concurrency=4)
-    a = lim.try_admit(O)
+    a = lim.try_admit(SITE)
     clock.advance(1)
-    b = lim.try_admit(O)
+    b = lim.try_admit(SITE)
     assert a.exit_id != b.exit_id
     lim.release(a.id)
     clock.advance(1)
-    assert lim.try_admit(O).exit_id == a.exit_id
+    assert lim.try_admit(SITE).exit_id == a.exit_id
 
 
 def test_origin_budget_caps_all_exits_together():
     clock = FakeClock(0.0)
     lim = limiter(10, clock, rate=100.0, origin_rate=2.0)
-    assert isinstance(lim.try_admit(O), Lease)
-    assert lim.try_admit(O) == pytest.approx(0.5)
+    assert isinstance(lim.try_admit(SITE), Lease)
+    assert lim.try_admit(SITE) == pytest.approx(0.5)
     clock.advance(0.5)
-    assert isinstance(lim.try_admit(O), Lease)
+    assert isinstance(lim.try_admit(SITE), Lease)
 
 
 def test_origin_override_and_exit_override_take_the_lower_rate():
     e = exits(2)
-    limits = StaticLimits(rate=5.0, origins={O: {"rate": 2.0}}, exits={e[1].id: {"rate": 1.0}})
-    assert limits.pair(O, e[0].id).rate == 2.0
-    assert limits.pair(O, e[1].id).rate == 1.0
-    assert limits.pair(O2, e[0].id).rate == 5.0
-    assert limits.pair(O2, e[1].id).rate == 1.0
+    limits = StaticLimits(rate=5.0, origins={SITE: {"rate": 2.0}}, exits={e[1].id: {"rate": 1.0}})
+    assert limits.pair(SITE, e[0].id).rate == 2.0
+    assert limits.pair(SITE, e[1].id).rate == 1.0
+    assert limits.pair(OTHER, e[0].id).rate == 5.0
+    assert limits.pair(OTHER, e[1].id).rate == 1.0
 
 
 def test_429_cools_the_pair_and_not_the_others():
     clock = FakeClock(0.0)
     lim = limiter(2, clock, rate=100.0)
-    a = lim.try_admit(O)
-    until = lim.rate_limited(O, a.exit_id, 3.0)
+    a = lim.try_admit(SITE)
+    until = lim.rate_limited(SITE, a.exit_id, 3.0)
     assert until == 3.0  # no jitter configured
     lim.release(a.id)
     clock.advance(0.1)
-    got = [lim.try_admit(O)]
+    got = [lim.try_admit(SITE)]
     lim.release(got[0].id)
-    got.append(lim.try_admit(O))
+    got.append(lim.try_admit(SITE))
     assert got[0].exit_id != a.exit_id
     # the other exit's next token is 10 ms away, sooner than the cooldown
     assert got[1] == pytest.approx(0.11)
-    pair = lim.pair_state(O, a.exit_id)
+    pair = lim.pair_state(SITE, a.exit_id)
     assert pair.ready_at(2.9) == 3.0
     # the cooldown ends with one request, not a burst
     pair.bucket.consume(3.0)
@@ -125,24 +129,24 @@ def test_cooldown_jitter_stays_within_its_fraction_and_never_shortens():
     clock = FakeClock(0.0)
     e = exits(1)
     lim = Limiter(e, StaticLimits(rate=1.0), clock=clock, jitter=0.5, rng=random.Random(7))
-    ends = [lim.rate_limited(O, e[0].id, 10.0) for _ in range(20)]
+    ends = [lim.rate_limited(SITE, e[0].id, 10.0) for _ in range(20)]
     assert all(10.0 <= t <= 15.0 for t in ends)
     assert ends == sorted(ends)  # max(): a later, shorter deadline never wins
-    before = lim.pair_state(O, e[0].id).cooldown_until
-    lim.rate_limited(O, e[0].id, 1.0)
-    assert lim.pair_state(O, e[0].id).cooldown_until == before
-    assert lim.pair_state(O, e[0].id).streak_429 == 21
-    lim.succeeded(O, e[0].id)
-    assert lim.pair_state(O, e[0].id).streak_429 == 0
+    before = lim.pair_state(SITE, e[0].id).cooldown_until
+    lim.rate_limited(SITE, e[0].id, 1.0)
+    assert lim.pair_state(SITE, e[0].id).cooldown_until == before
+    assert lim.pair_state(SITE, e[0].id).streak_429 == 21
+    lim.succeeded(SITE, e[0].id)
+    assert lim.pair_state(SITE, e[0].id).streak_429 == 0
 
 
 def test_earliest_wait_is_infinite_only_when_every_lease_is_taken():
     clock = FakeClock(0.0)
     lim = limiter(1, clock, rate=1.0, concurrency=1)
-    lease = lim.try_admit(O)
-    assert lim.try_admit(O) == math.inf
+    lease = lim.try_admit(SITE)
+    assert lim.try_admit(SITE) == math.inf
     lim.release(lease.id)
-    assert lim.try_admit(O) == pytest.approx(1.0)
+    assert lim.try_admit(SITE) == pytest.approx(1.0)
 
 
 def test_admissions_never_exceed_rate_times_window_plus_burst():
@@ -150,7 +154,7 @@ def test_admissions_never_exceed_rate_times_window_plus_burst():
     lim = limiter(3, clock, rate=5.0, burst=2, concurrency=100)
     admitted = []
     while clock.now < 10.0:
-        got = lim.try_admit(O)
+        got = lim.try_admit(SITE)
         if isinstance(got, Lease):
             admitted.append(got)
             lim.release(got.id)
@@ -169,7 +173,7 @@ def test_admissions_never_exceed_rate_times_window_plus_burst():
 def test_stale_leases_are_reported():
     clock = FakeClock(0.0)
     lim = limiter(1, clock)
-    lease = lim.try_admit(O)
+    lease = lim.try_admit(SITE)
     clock.advance(5)
     assert list(lim.stale_leases(10)) == []
     clock.advance(6)
@@ -179,3 +183,25 @@ def test_stale_leases_are_reported():
 def test_needs_an_exit():
     with pytest.raises(ValueError):
         Limiter([], StaticLimits(rate=1.0), clock=FakeClock())
+
+
+def test_a_late_answer_pushes_the_next_request_back_by_the_extra_latency():
+    """Admitted on time but answered 30 ms slower than usual: it may have arrived 30 ms late."""
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=5.0, concurrency=4)
+    probe = lim.try_admit(SITE)
+    clock.advance(0.010)
+    lim.release(probe.id)  # first answer: latency 10 ms, next at 0.010 + 0.2
+    clock.now = lim.try_admit(SITE)
+    assert clock.now == pytest.approx(0.210)
+    usual = lim.try_admit(SITE)
+    clock.advance(0.010)
+    lim.release(usual.id)  # as fast as the best: nothing to correct
+    clock.now = lim.try_admit(SITE)
+    assert clock.now == pytest.approx(0.410)
+    slow = lim.try_admit(SITE)
+    clock.advance(0.040)  # 30 ms slower than the fastest
+    lim.release(slow.id)
+    pair = lim.pair_state(SITE, slow.exit_id)
+    assert pair.ready_at(clock.now) == pytest.approx(0.410 + 0.030 + 0.2, abs=1e-3)
+    assert pair.min_latency == pytest.approx(0.010 + 0.02 * 0.030)  # drifts up slowly

@@ -51,6 +51,10 @@ class TokenBucket:
         """Give back the last token taken (a request that was never sent)."""
         self.tat -= self._interval
 
+    def arrived(self, when: float) -> None:
+        """A request reached the server as late as ``when``: the next one is one interval on."""
+        self.tat = max(self.tat, when + self._interval)
+
     def hold_until(self, when: float) -> None:
         """No token before ``when``, and then one, not a burst."""
         self.tat = max(self.tat, when + self._tolerance)

@@ -15,6 +15,8 @@ from .limits import StaticLimits
 Clock = Callable[[], float]
 #: ``Limiter.try_admit`` returns this wait when only a lease release can help.
 UNTIL_RELEASE = math.inf
+#: how fast ``PairState.min_latency`` forgets a fast sample (the path may get slower)
+LATENCY_FORGET = 0.02
 
 
 @dataclass
@@ -28,6 +30,8 @@ class PairState:
     #: no answer seen yet: the first request may sit behind a cold connection and
     #: reach the server late, so the second one would land too close behind it
     proven: bool = False
+    #: the fastest admission-to-answer time seen lately (drifts up slowly)
+    min_latency: float = math.inf
 
     @property
     def probing(self) -> bool:
@@ -161,11 +165,30 @@ class Limiter:
             self.exits[lease.exit_id].in_flight -= 1
             pair = self.pair_state(lease.origin, lease.exit_id)
             pair.in_flight -= 1
-            if answered and not pair.proven:
-                # the probe reached the server at the latest now: pace the next from here
-                pair.proven = True
-                pair.bucket.hold_until(self.clock() + pair.bucket.interval)
+            if answered:
+                self._answered(pair, lease)
         return lease
+
+    def _answered(self, pair: PairState, lease: Lease) -> None:
+        """Re-anchor the pair's pacing on when its request can at the latest have arrived.
+
+        The server counts arrivals, we count admissions. A request delayed on
+        its way (a cold connection, a busy event loop) arrives late, and the
+        next one, sent on schedule, lands too close behind it. The answer tells
+        how late: a request answered ``latency`` after admission reached the
+        server no later than ``now - min_latency``.
+        """
+        now = self.clock()
+        latency = now - lease.admitted_at
+        if not pair.proven:
+            pair.proven = True
+            pair.min_latency = latency
+            arrived_by = now  # nothing to compare with yet: assume the worst
+        else:
+            drift = pair.min_latency + LATENCY_FORGET * (latency - pair.min_latency)
+            pair.min_latency = min(latency, drift)
+            arrived_by = now - pair.min_latency
+        pair.bucket.arrived(arrived_by)
 
     def stale_leases(self, older_than: float, now: float | None = None) -> Iterable[Lease]:
         now = self.clock() if now is None else now

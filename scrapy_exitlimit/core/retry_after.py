@@ -13,7 +13,9 @@ _MONTHS = {
 }
 _TIME = r"(\d{1,2}):(\d{2}):(\d{2})"
 # IMF-fixdate: Sun, 06 Nov 1994 08:49:37 GMT
-_IMF = re.compile(r"^[a-z]{3},\s*(\d{1,2})\s+([a-z]{3})\s+(\d{4})\s+" + _TIME + r"\s*(gmt|utc|ut|z)?$")
+_IMF = re.compile(
+    r"^[a-z]{3},\s*(\d{1,2})\s+([a-z]{3})\s+(\d{4})\s+" + _TIME + r"\s*(gmt|utc|ut|z)?$"
+)
 # obsolete RFC 850: Sunday, 06-Nov-94 08:49:37 GMT
 _RFC850 = re.compile(r"^[a-z]+,\s*(\d{1,2})-([a-z]{3})-(\d{2,4})\s+" + _TIME + r"\s*(gmt|utc)?$")
 # obsolete asctime: Sun Nov  6 08:49:37 1994

@@ -1,0 +1,142 @@
+"""Run the lab until SIGINT/SIGTERM; print one JSON line describing it to stdout.
+
+Example: python -m scrapy_exitlimit.lab --exits 10 --rate 5 --ban 127.0.0.12 --slow 127.0.0.13=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from .lab import Lab
+from .origin import IPRule, OriginConfig
+
+logger = logging.getLogger("scrapy_exitlimit.lab")
+
+
+def _slow(value: str) -> tuple[str, float]:
+    ip, sep, rate = value.partition("=")
+    try:
+        if not sep or float(rate) <= 0:
+            raise ValueError
+        return ip, float(rate)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected IP=RATE with RATE > 0, got {value!r}") from None
+
+
+def _credentials(value: str) -> tuple[str, str]:
+    user, sep, password = value.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected USER:PASS")
+    return user, password
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m scrapy_exitlimit.lab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--exits", type=int, default=10, help="live proxies (default 10)")
+    p.add_argument("--rate", type=float, default=5.0, help="requests/s per client IP; 0: no limit")
+    p.add_argument("--burst", type=int, default=1)
+    p.add_argument("--retry-after", type=float, default=1.0, help="seconds advertised")
+    p.add_argument(
+        "--retry-after-mode", choices=("seconds", "http-date", "none"), default="seconds"
+    )
+    p.add_argument("--origin-rate", type=float, default=None, help="whole-origin requests/s")
+    p.add_argument("--origin-burst", type=int, default=1)
+    p.add_argument("--ban", nargs="+", action="extend", default=[], metavar="IP")
+    p.add_argument("--slow", nargs="+", action="extend", default=[], type=_slow, metavar="IP=RATE")
+    p.add_argument("--latency", type=float, default=0.0, help="seconds before every answer")
+    p.add_argument("--dead", type=int, default=0, help="exit URLs nobody listens on")
+    p.add_argument("--ratelimit-headers", action="store_true")
+    p.add_argument("--proxy-auth", type=_credentials, default=None, metavar="USER:PASS")
+    p.add_argument("--port", type=int, default=0, help="origin port (default: a free one)")
+    return p.parse_args(argv)
+
+
+def build_lab(args: argparse.Namespace) -> Lab:
+    per_ip: dict[str, IPRule] = {}
+    for ip, rate in args.slow:
+        per_ip[ip] = IPRule(rate=rate)
+    for ip in args.ban:
+        per_ip.setdefault(ip, IPRule()).ban = True
+    config = OriginConfig(
+        rate=args.rate or None,
+        burst=args.burst,
+        retry_after=args.retry_after,
+        retry_after_mode=args.retry_after_mode,
+        origin_rate=args.origin_rate or None,
+        origin_burst=args.origin_burst,
+        latency=args.latency,
+        per_ip=per_ip,
+        ratelimit_headers=args.ratelimit_headers,
+    )
+    return Lab(
+        args.exits,
+        config,
+        dead_exits=args.dead,
+        proxy_auth=args.proxy_auth,
+        origin_port=args.port,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    try:
+        lab = build_lab(args := parse_args(argv))
+    except ValueError as exc:
+        logger.error("%s", exc)
+        return 2
+
+    from twisted.internet import asyncioreactor
+    from twisted.internet.error import ReactorAlreadyInstalledError
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        asyncioreactor.install(loop)
+    except ReactorAlreadyInstalledError:
+        logger.warning("a reactor is already installed; using it")
+    from twisted.internet import reactor
+
+    try:
+        lab.start()
+    except Exception as exc:  # e.g. CannotListenError for a busy --port
+        logger.error("cannot start the lab: %s", exc)
+        return 1
+    info = {"origin_url": lab.origin_url, "exit_urls": lab.exit_urls, "exit_ips": lab.exit_ips}
+    # Announce only once running: the SIGTERM handler is installed by then, so a caller
+    # that terminates us right after reading the line still gets a clean shutdown.
+    reactor.callWhenRunning(print, json.dumps(info), flush=True)
+    cfg = lab.origin.config
+    logger.info(
+        "origin %s: %s r/s per IP (burst %d), origin limit %s, retry-after %s (%s), "
+        "latency %.3fs; %d exits, %d dead; banned %s; slow %s",
+        lab.origin_url,
+        cfg.rate or "unlimited",
+        cfg.burst,
+        cfg.origin_rate or "none",
+        cfg.retry_after,
+        cfg.retry_after_mode,
+        cfg.latency,
+        len(lab.proxies),
+        lab.dead_exits,
+        args.ban or "none",
+        dict(args.slow) or "none",
+    )
+    # The shutdown waits for the Deferred, so ports and connections close before exit.
+    reactor.addSystemEventTrigger("before", "shutdown", lab.stop)
+    reactor.run()
+    logger.info("lab stopped after %d requests", lab.origin.total())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

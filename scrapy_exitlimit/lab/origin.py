@@ -1,0 +1,429 @@
+"""The lab origin: an HTTP server that rate-limits each client IP like nginx ``limit_req``.
+
+Every decision is made on arrival with a GCRA per client IP (and optionally one for the
+whole origin); every arrival is recorded so tests and the benchmark can check, after the
+fact, how hard each exit really hit the origin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from enum import Enum
+from typing import Any
+
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.web.http import HTTPChannel
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+from ._net import ConnectionTracker, reason_phrase
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+# Float sums such as 0.2 * 3 must not reject a request that is exactly on time.
+_EPS = 1e-9
+_STATUSES = (200, 429, 403, 503, 404)
+_MODES = ("seconds", "http-date", "none")
+_HTML = b"text/html; charset=utf-8"
+
+
+class _Inherit(Enum):
+    INHERIT = "inherit"
+
+    def __repr__(self) -> str:
+        return "INHERIT"
+
+
+INHERIT = _Inherit.INHERIT
+"""Sentinel for :attr:`IPRule.rate`: use :attr:`OriginConfig.rate`."""
+
+
+@dataclass
+class IPRule:
+    """Per-client-IP overrides."""
+
+    rate: float | None | _Inherit = INHERIT  # None: unlimited for this IP
+    ban: bool = False  # 403 block page for everything
+    latency: float = 0.0  # added to OriginConfig.latency
+
+
+@dataclass
+class OriginConfig:
+    rate: float | None = 5.0  # accepted requests/s per client IP; None: unlimited
+    burst: int = 1
+    retry_after: float = 1.0  # seconds advertised on 429 / origin_status
+    retry_after_mode: str = "seconds"  # "seconds" | "http-date" | "none"
+    origin_rate: float | None = None  # whole-origin limit, checked after the per-IP one
+    origin_burst: int = 1
+    origin_status: int = 503
+    latency: float = 0.0  # seconds before every answer
+    per_ip: dict[str, IPRule] = field(default_factory=dict)
+    ratelimit_headers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.retry_after_mode not in _MODES:
+            raise ValueError(f"retry_after_mode must be one of {_MODES}")
+        rates = [self.rate, self.origin_rate] + [r.rate for r in self.per_ip.values()]
+        if any(isinstance(r, (int, float)) and r <= 0 for r in rates):
+            raise ValueError("rates must be > 0 (None means unlimited)")
+        if self.burst < 1 or self.origin_burst < 1:
+            raise ValueError("bursts must be >= 1")
+
+    def rate_for(self, ip: str) -> float | None:
+        rule = self.per_ip.get(ip)
+        if rule is None or rule.rate is INHERIT:
+            return self.rate
+        return rule.rate
+
+
+class GCRA:
+    """Generic cell rate algorithm, the arithmetic of nginx ``limit_req`` with ``nodelay``.
+
+    Emission interval ``T = 1/rate``, tolerance ``tau = (burst - 1) * T``. A request at
+    ``t`` is accepted iff ``t >= tat - tau``; then ``tat = max(tat, t) + T``. A rejected
+    request leaves ``tat`` alone, so hammering does not push the next slot further out.
+    """
+
+    __slots__ = ("rate", "burst", "interval", "tau", "clock", "tat")
+
+    def __init__(self, rate: float, burst: int = 1, clock: Clock = time.monotonic) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be > 0 and burst >= 1")
+        self.rate = rate
+        self.burst = burst
+        self.interval = 1.0 / rate
+        self.tau = (burst - 1) * self.interval
+        self.clock = clock
+        self.tat = 0.0
+
+    def wait_time(self, now: float | None = None) -> float:
+        """Seconds until a request would be accepted (0.0: now)."""
+        now = self.clock() if now is None else now
+        wait = self.tat - self.tau - now
+        return wait if wait > _EPS else 0.0
+
+    def try_acquire(self, now: float | None = None) -> bool:
+        now = self.clock() if now is None else now
+        if now < self.tat - self.tau - _EPS:
+            return False
+        self.tat = max(self.tat, now) + self.interval
+        return True
+
+    def remaining(self, now: float | None = None) -> int:
+        """How many requests would be accepted back to back right now."""
+        now = self.clock() if now is None else now
+        slack = now - (self.tat - self.tau) + _EPS
+        return 0 if slack < 0 else min(self.burst, int(slack / self.interval) + 1)
+
+    def policy(self) -> tuple[int, int]:
+        """``(limit, window)`` for the RateLimit headers: whole seconds to refill the burst."""
+        window = max(1, math.ceil(self.burst / self.rate - _EPS))
+        return max(1, round(self.rate * window)), window
+
+    def reset(self) -> None:
+        self.tat = 0.0
+
+
+def max_in_window(times: Iterable[float], window: float) -> int:
+    """The most timestamps falling in any half-open interval ``[t, t + window)``."""
+    ts = sorted(times)
+    best = lo = 0
+    for hi, t in enumerate(ts):
+        while t - ts[lo] >= window - _EPS:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+class _IPStats:
+    __slots__ = ("status", "arrivals", "statuses", "accepted")
+
+    def __init__(self) -> None:
+        self.status: Counter[int] = Counter()
+        self.arrivals: list[float] = []
+        self.statuses: list[int] = []  # parallel to arrivals
+        self.accepted: list[float] = []
+
+
+def _summary(status: Counter[int], arrivals: int, accepted: int) -> dict[str, Any]:
+    counts = {str(s): status.get(s, 0) for s in _STATUSES}
+    counts.update((str(s), n) for s, n in sorted(status.items()) if s not in _STATUSES)
+    return {"status": counts, "arrivals": arrivals, "accepted": accepted}
+
+
+_INDEX = (
+    b"<!DOCTYPE html>\n<html><head><title>Lab origin</title></head><body>\n"
+    b'<h1>Lab origin</h1>\n<p><a href="/page/0">page 0</a></p>\n</body></html>\n'
+)
+_BLOCKED = (
+    b"<!DOCTYPE html>\n<html><head><title>Access denied</title></head><body>\n"
+    b"<h1>Access denied</h1>\n<p>Your IP address has been blocked. Please solve the "
+    b'captcha to continue.</p>\n<div class="captcha" id="captcha"></div>\n</body></html>\n'
+)
+
+
+def _page(n: int, ip: str) -> bytes:
+    a, b = 2 * n + 1, 2 * n + 2
+    return (
+        f"<!DOCTYPE html>\n<html><head><title>Lab page {n}</title></head><body>\n"
+        f'<h1>page {n}</h1>\n<p>client <span class="ip">{ip}</span></p>\n'
+        f'<ul><li><a href="/page/{a}">page {a}</a></li>'
+        f'<li><a href="/page/{b}">page {b}</a></li></ul>\n</body></html>\n'
+    ).encode()
+
+
+def _error_page(status: int) -> bytes:
+    return b"<h1>%d %s</h1>\n" % (status, reason_phrase(status))
+
+
+def _route(path: bytes) -> int | None:
+    """Page number for ``/page/<n>``, -1 for the index, None for anything else (404)."""
+    if path == b"/":
+        return -1
+    if path.startswith(b"/page/"):
+        n = path[6:]
+        if n.isdigit() and len(n) <= 18:
+            return int(n)
+    return None
+
+
+class Origin:
+    """Rate-limited origin server plus the bookkeeping of what it saw."""
+
+    def __init__(
+        self,
+        config: OriginConfig | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        wallclock: Clock = time.time,
+    ) -> None:
+        self.config = config or OriginConfig()
+        self.clock = clock
+        self.wallclock = wallclock  # for Date / HTTP-date Retry-After only
+        self._t0 = clock()  # recorded times are relative to this, across resets too
+        self._conns = ConnectionTracker()
+        self._listening: Any = None
+        self.reset()
+
+    # -- bookkeeping -------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget counters, arrival times and limiter state."""
+        self._stats: dict[str, _IPStats] = {}
+        self._limiters: dict[str, GCRA | None] = {}
+        cfg = self.config
+        self._origin_limiter = (
+            GCRA(cfg.origin_rate, cfg.origin_burst, self.clock) if cfg.origin_rate else None
+        )
+
+    def ips(self) -> list[str]:
+        return sorted(self._stats)
+
+    def arrival_times(self, ip: str) -> list[float]:
+        """Arrival times (seconds since origin start) of every counted request from ``ip``."""
+        st = self._stats.get(ip)
+        return list(st.arrivals) if st else []
+
+    def accepted_times(self, ip: str) -> list[float]:
+        """Arrival times of the requests from ``ip`` that passed the limiters (answered 200)."""
+        st = self._stats.get(ip)
+        return list(st.accepted) if st else []
+
+    def events(self, ip: str) -> list[tuple[float, int]]:
+        """``(arrival time, status)`` of every counted request from ``ip``, in arrival order."""
+        st = self._stats.get(ip)
+        return list(zip(st.arrivals, st.statuses, strict=True)) if st else []
+
+    def max_in_window(self, ip: str, window: float, accepted_only: bool = False) -> int:
+        times = self.accepted_times(ip) if accepted_only else self.arrival_times(ip)
+        return max_in_window(times, window)
+
+    def total(self, status: int | str | None = None) -> int:
+        """All counted arrivals, or those answered with ``status``."""
+        if status is None:
+            return sum(len(st.arrivals) for st in self._stats.values())
+        return sum(st.status.get(int(status), 0) for st in self._stats.values())
+
+    def stats(self) -> dict[str, Any]:
+        total: Counter[int] = Counter()
+        ips = {}
+        for ip, st in sorted(self._stats.items()):
+            total.update(st.status)
+            ips[ip] = _summary(st.status, len(st.arrivals), len(st.accepted))
+        arrivals = sum(len(st.arrivals) for st in self._stats.values())
+        accepted = sum(len(st.accepted) for st in self._stats.values())
+        return {"ips": ips, "totals": _summary(total, arrivals, accepted)}
+
+    # -- serving -----------------------------------------------------------------
+
+    def listen(self, port: int = 0, interface: str = "127.0.0.1") -> int:
+        from twisted.internet import reactor  # lazy: a module-level import installs a reactor
+
+        self._listening = reactor.listenTCP(port, _Site(self), interface=interface)
+        logger.debug("origin listening on %s", self.url)
+        return self.port
+
+    @property
+    def port(self) -> int:
+        if self._listening is None:
+            raise RuntimeError("origin is not listening")
+        return self._listening.getHost().port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> Deferred[Any]:
+        waits = [self._conns.abort_all()]
+        if self._listening is not None:
+            waits.append(maybeDeferred(self._listening.stopListening))
+            self._listening = None
+        return gatherResults(waits, consumeErrors=True)
+
+    def handle(self, request: Request) -> bytes | int:
+        path = request.path
+        if path.startswith(b"/_lab/"):
+            return self._control(request, path)
+        cfg = self.config
+        ip = request.getClientAddress().host
+        now = self.clock()
+        st = self._stats.get(ip)
+        if st is None:
+            st = self._stats[ip] = _IPStats()
+        st.arrivals.append(now - self._t0)
+        rule = cfg.per_ip.get(ip)
+        delay = cfg.latency + (rule.latency if rule else 0.0)
+
+        if rule is not None and rule.ban:
+            return self._answer(request, st, 403, _BLOCKED, delay)
+        page = _route(path)
+        if page is None:
+            return self._answer(request, st, 404, _error_page(404), delay)
+
+        if ip not in self._limiters:
+            rate = cfg.rate_for(ip)
+            self._limiters[ip] = GCRA(rate, cfg.burst, self.clock) if rate else None
+        limiter = self._limiters[ip]
+        if limiter is not None and limiter.wait_time(now) > 0:
+            self._limited_headers(request, limiter, now)
+            return self._answer(request, st, 429, _error_page(429), delay)
+        olimiter = self._origin_limiter
+        if olimiter is not None and olimiter.wait_time(now) > 0:
+            # Nothing was consumed: a rejected request must not move either schedule.
+            self._limited_headers(request, limiter, now)
+            status = cfg.origin_status
+            return self._answer(request, st, status, _error_page(status), delay)
+        if limiter is not None:
+            limiter.try_acquire(now)
+            if cfg.ratelimit_headers:
+                self._ratelimit_headers(request, limiter, now)
+        if olimiter is not None:
+            olimiter.try_acquire(now)
+        st.accepted.append(now - self._t0)
+        return self._answer(request, st, 200, _INDEX if page < 0 else _page(page, ip), delay)
+
+    def _limited_headers(self, request: Request, limiter: GCRA | None, now: float) -> None:
+        cfg = self.config
+        if cfg.retry_after_mode == "seconds":
+            request.setHeader(b"retry-after", b"%d" % max(0, math.ceil(cfg.retry_after)))
+        elif cfg.retry_after_mode == "http-date":
+            wall = self.wallclock()
+            request.setHeader(b"date", formatdate(wall, usegmt=True).encode())
+            when = math.ceil(wall + max(0.0, cfg.retry_after))
+            request.setHeader(b"retry-after", formatdate(when, usegmt=True).encode())
+        if cfg.ratelimit_headers and limiter is not None:
+            self._ratelimit_headers(request, limiter, now)
+
+    @staticmethod
+    def _ratelimit_headers(request: Request, limiter: GCRA, now: float) -> None:
+        limit, window = limiter.policy()
+        remaining = limiter.remaining(now)
+        reset = math.ceil(limiter.wait_time(now))
+        request.setHeader(b"x-ratelimit-limit", b"%d" % limit)
+        request.setHeader(b"x-ratelimit-remaining", b"%d" % remaining)
+        request.setHeader(b"x-ratelimit-reset", b"%d" % reset)
+        request.setHeader(
+            b"ratelimit", b"limit=%d, remaining=%d, reset=%d" % (limit, remaining, reset)
+        )
+        request.setHeader(b"ratelimit-policy", b"%d;w=%d" % (limit, window))
+
+    def _answer(
+        self, request: Request, st: _IPStats, status: int, body: bytes, delay: float
+    ) -> bytes | int:
+        st.status[status] += 1
+        st.statuses.append(status)
+        _set(request, status, body, _HTML)
+        if delay <= 0:
+            return body
+        from twisted.internet import reactor
+
+        # Delay without blocking; a client that hangs up cancels its pending answer.
+        call = reactor.callLater(delay, _finish, request, body)
+        request.notifyFinish().addErrback(lambda _: call.cancel() if call.active() else None)
+        return NOT_DONE_YET
+
+    def _control(self, request: Request, path: bytes) -> bytes:
+        # Control routes are neither rate-limited nor counted.
+        if path == b"/_lab/stats":
+            return _set(request, 200, json.dumps(self.stats()).encode(), b"application/json")
+        if path == b"/_lab/reset":
+            if request.method != b"POST":
+                request.setHeader(b"allow", b"POST")
+                return _set(request, 405, b'{"error": "POST only"}', b"application/json")
+            self.reset()
+            return _set(request, 200, b'{"ok": true}', b"application/json")
+        return _set(request, 404, b'{"error": "not found"}', b"application/json")
+
+
+def _set(request: Request, status: int, body: bytes, content_type: bytes) -> bytes:
+    request.setResponseCode(status, reason_phrase(status))
+    request.setHeader(b"content-type", content_type)
+    request.setHeader(b"content-length", b"%d" % len(body))
+    return body
+
+
+def _finish(request: Request, body: bytes) -> None:
+    request.write(body)
+    request.finish()
+
+
+class _Root(Resource):
+    isLeaf = True
+
+    def __init__(self, origin: Origin) -> None:
+        super().__init__()
+        self.origin = origin
+
+    def render(self, request: Request) -> bytes | int:
+        return self.origin.handle(request)
+
+
+class _Channel(HTTPChannel):
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.site.origin._conns.opened(self)
+
+    def connectionLost(self, reason: Any) -> None:
+        super().connectionLost(reason)
+        self.site.origin._conns.closed(self)
+
+
+class _Site(Site):
+    protocol = _Channel
+    noisy = False
+
+    def __init__(self, origin: Origin) -> None:
+        super().__init__(_Root(origin))
+        self.origin = origin
+
+    def log(self, request: Request) -> None:
+        pass  # no access log: thousands of lines per benchmark run are only noise

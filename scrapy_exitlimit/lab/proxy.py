@@ -1,0 +1,443 @@
+"""The lab forward proxy: one per exit, its outgoing connections bound to its own loopback IP.
+
+Hand-written rather than built on ``twisted.web.proxy``: that module installs the default
+reactor on import, closes the client connection after every response, and has no CONNECT.
+Client side: HTTP/1.1 keep-alive with pipelining handled one request at a time. Upstream:
+a persistent ``Agent`` pool whose connections are bound to ``bind_ip``, so the origin sees
+one client IP per proxy.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Factory, Protocol
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
+from zope.interface import implementer
+
+from ._net import ConnectionTracker, is_loopback, reason_phrase
+
+logger = logging.getLogger(__name__)
+
+_MAX_HEAD = 64 * 1024
+_CONNECT_TIMEOUT = 10
+# Never forwarded either way: hop-by-hop headers (RFC 9110 7.6.1) and the framing we redo.
+_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+    }
+)
+
+RawHeaders = list[tuple[bytes, bytes]]
+
+
+def _parse_head(head: bytes) -> tuple[bytes, bytes, bytes, RawHeaders]:
+    request_line, *lines = head.split(b"\r\n")
+    method, target, version = request_line.split(b" ")
+    if not version.startswith(b"HTTP/1.") or not method or not target:
+        raise ValueError(request_line)
+    headers = []
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise ValueError(line)
+        headers.append((name, value.strip()))
+    return method, target, version, headers
+
+
+def _get(headers: RawHeaders, name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+def _connection_tokens(headers: RawHeaders) -> set[bytes]:
+    return {
+        token.strip().lower()
+        for key, value in headers
+        if key.lower() in (b"connection", b"proxy-connection")
+        for token in value.split(b",")
+    }
+
+
+@implementer(IBodyProducer)
+class _Body:
+    """The request body, already in memory."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self.data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _Collect(Protocol):
+    """The whole response body. Not ``readBody``: on Twisted 26 it warns for pooled
+    connections, whose transport proxy has no ``abortConnection``."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.done: Deferred[bytes] = Deferred(lambda _: self.transport.stopProducing())
+
+    def dataReceived(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def connectionLost(self, reason: Any) -> None:
+        if self.done.called:  # cancelled
+            return
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self.done.callback(b"".join(self.chunks))
+        else:
+            self.done.errback(reason)
+
+
+@implementer(IAgentEndpointFactory)
+class _BoundEndpoints:
+    def __init__(self, reactor: Any, bind_ip: str) -> None:
+        self.reactor = reactor
+        self.bind_ip = bind_ip
+
+    def endpointForURI(self, uri: Any) -> TCP4ClientEndpoint:
+        return TCP4ClientEndpoint(
+            self.reactor,
+            uri.host.decode("ascii"),
+            uri.port,
+            timeout=_CONNECT_TIMEOUT,
+            bindAddress=(self.bind_ip, 0),
+        )
+
+
+class _QuietPool(HTTPConnectionPool):
+    # The stock factory logs "Starting factory" for every new upstream connection.
+    _factory = type("_QuietFactory", (HTTPConnectionPool._factory,), {"noisy": False})
+    maxPersistentPerHost = 32
+
+
+class _Tunnel(Protocol):
+    """Upstream half of a CONNECT tunnel."""
+
+    def __init__(self, client: _ClientConnection) -> None:
+        self.client = client
+
+    def connectionMade(self) -> None:
+        self.client.proxy._conns.opened(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.client.transport.write(data)
+
+    def connectionLost(self, reason: Any) -> None:
+        self.client.transport.loseConnection()
+        self.client.proxy._conns.closed(self)
+
+
+class _ClientConnection(Protocol):
+    """One accepted client connection: parse requests, answer them in order."""
+
+    def __init__(self, proxy: ForwardProxy, conn_id: int) -> None:
+        self.proxy = proxy
+        self.conn_id = conn_id
+        self._buf = b""
+        self._busy = False  # a request is being answered; later ones wait in _buf
+        self._close = False  # close after the current answer
+        self._lost = False
+        self._pending: Deferred[Any] | None = None
+        self._tunnel: _Tunnel | None = None
+
+    def connectionMade(self) -> None:
+        self.transport.setTcpNoDelay(True)
+        self.proxy._conns.opened(self)
+
+    def connectionLost(self, reason: Any) -> None:
+        self._lost = True
+        if self._pending is not None:
+            self._pending.cancel()
+        if self._tunnel is not None:
+            self._tunnel.transport.loseConnection()
+        self.proxy._conns.closed(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._tunnel is not None:
+            self._tunnel.transport.write(data)
+            return
+        self._buf += data
+        if not self._busy:
+            self._next()
+
+    def _next(self) -> None:
+        buf = self._buf.lstrip(b"\r\n")  # tolerate stray CRLFs between requests
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > _MAX_HEAD:
+                self._error(431, b"request head too large", close=True)
+            return
+        try:
+            method, target, version, headers = _parse_head(buf[:end])
+            length = int(_get(headers, b"content-length") or 0)
+            if length < 0:
+                raise ValueError(length)
+        except ValueError:
+            self._error(400, b"malformed request", close=True)
+            return
+        if _get(headers, b"transfer-encoding") is not None:
+            self._error(411, b"chunked request bodies are not supported", close=True)
+            return
+        start = end + 4
+        if len(buf) < start + length:
+            return
+        body, self._buf = buf[start : start + length], buf[start + length :]
+        self._busy = True
+        self._close = version != b"HTTP/1.1" or b"close" in _connection_tokens(headers)
+        self._handle(method, target, headers, body)
+
+    def _handle(self, method: bytes, target: bytes, headers: RawHeaders, body: bytes) -> None:
+        proxy = self.proxy
+        proxy.requests += 1
+        auth = _get(headers, b"proxy-authorization")
+        proxy.seen_auth.append((self.conn_id, None if auth is None else auth.decode("latin-1")))
+        if not proxy._authorized(auth):
+            self._error(
+                407,
+                b"proxy authentication required",
+                headers=[(b"Proxy-Authenticate", b'Basic realm="lab"')],
+            )
+            return
+        if proxy.fail_status is not None:
+            self._error(proxy.fail_status, b"lab proxy configured to fail")
+            return
+        if method == b"CONNECT":
+            self._connect(target)
+            return
+        url = urlsplit(target.decode("latin-1"))
+        if url.scheme != "http" or not url.hostname:
+            self._error(400, b"absolute-form http:// request target required")
+            return
+        if not is_loopback(url.hostname):
+            self._error(403, b"the lab proxy only reaches 127.0.0.0/8")
+            return
+        drop = _HOP | _connection_tokens(headers)
+        forward = Headers()
+        for name, value in headers:
+            if name.lower() not in drop:
+                forward.addRawHeader(name, value)
+        # _pending first: a synchronous failure may already answer and start the next request.
+        self._pending = d = maybeDeferred(
+            proxy._agent.request, method, target, forward, _Body(body) if body else None
+        )
+        d.addCallback(self._relay, method)
+        d.addErrback(self._upstream_failed)
+
+    def _relay(self, response: IResponse, method: bytes) -> Deferred[None] | None:
+        code = response.code
+        if method == b"HEAD" or code in (204, 304):
+            self._send_response(response, b"", method)
+            return None
+        collect = _Collect()
+        response.deliverBody(collect)
+        d = collect.done
+        d.addCallback(lambda body: self._send_response(response, body, method))
+        return d
+
+    def _send_response(self, response: IResponse, body: bytes, method: bytes) -> None:
+        self._pending = None
+        headers = [
+            (name, value)
+            for name, values in response.headers.getAllRawHeaders()
+            if name.lower() not in _HOP
+            for value in values
+        ]
+        framed = not (method == b"HEAD" or response.code in (204, 304))
+        if method == b"HEAD":  # keep the length the origin announced for the GET
+            lengths = response.headers.getRawHeaders(b"content-length", [])
+            headers += [(b"Content-Length", value) for value in lengths]
+        self._reply(response.code, headers, body, framed=framed)
+
+    def _upstream_failed(self, failure: Any) -> None:
+        self._pending = None
+        if self._lost:
+            return  # cancelled because the client went away
+        logger.debug("proxy %s: upstream failed: %s", self.proxy.bind_ip, failure.value)
+        self._error(502, b"upstream request failed: " + str(failure.value).encode()[:200])
+
+    def _connect(self, target: bytes) -> None:
+        host, sep, port = target.decode("latin-1").rpartition(":")
+        host = host.strip("[]")
+        if not sep or not port.isdigit():
+            self._error(400, b"CONNECT needs host:port")
+            return
+        if not is_loopback(host):
+            self._error(403, b"the lab proxy only reaches 127.0.0.0/8")
+            return
+        endpoint = TCP4ClientEndpoint(
+            self.proxy._reactor,
+            host,
+            int(port),
+            timeout=_CONNECT_TIMEOUT,
+            bindAddress=(self.proxy.bind_ip, 0),
+        )
+        self._pending = d = connectProtocol(endpoint, _Tunnel(self))
+        d.addCallbacks(self._tunnel_up, self._upstream_failed)
+
+    def _tunnel_up(self, tunnel: _Tunnel) -> None:
+        self._pending = None
+        if self._lost:
+            tunnel.transport.loseConnection()
+            return
+        self._tunnel = tunnel
+        self.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        # Splice with flow control both ways, as twisted.protocols.portforward does.
+        self.transport.registerProducer(tunnel.transport, True)
+        tunnel.transport.registerProducer(self.transport, True)
+        if self._buf:
+            tunnel.transport.write(self._buf)
+            self._buf = b""
+
+    def _error(
+        self,
+        status: int,
+        message: bytes,
+        *,
+        headers: RawHeaders | None = None,
+        close: bool = False,
+    ) -> None:
+        headers = [(b"Content-Type", b"text/plain; charset=utf-8"), *(headers or [])]
+        self._reply(status, headers, message + b"\n", close=close)
+
+    def _reply(
+        self,
+        status: int,
+        headers: RawHeaders,
+        body: bytes,
+        *,
+        framed: bool = True,
+        close: bool = False,
+    ) -> None:
+        if self._lost:
+            return
+        close = close or self._close
+        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason_phrase(status))]
+        out += [name + b": " + value + b"\r\n" for name, value in headers]
+        if framed:
+            out.append(b"Content-Length: %d\r\n" % len(body))
+        if close:
+            out.append(b"Connection: close\r\n")
+        out += [b"\r\n", body if framed else b""]
+        self.transport.writeSequence(out)
+        self._busy = False
+        if close:
+            self._buf = b""
+            self.transport.loseConnection()
+        elif self._buf:
+            self._next()
+
+
+class _ProxyFactory(Factory):
+    noisy = False
+
+    def __init__(self, proxy: ForwardProxy) -> None:
+        self.proxy = proxy
+
+    def buildProtocol(self, addr: Any) -> _ClientConnection:
+        self.proxy.connections += 1
+        return _ClientConnection(self.proxy, self.proxy.connections)
+
+
+class ForwardProxy:
+    """An HTTP forward proxy on ``127.0.0.1:<port>`` that connects out from ``bind_ip``.
+
+    ``auth``: require ``Proxy-Authorization: Basic`` with these credentials (else 407);
+    None accepts anything. ``fail_status``: answer every request with that status without
+    forwarding. ``requests`` counts requests (CONNECT included), ``connections`` accepted
+    client connections, and ``seen_auth`` holds ``(connection_id, Proxy-Authorization or
+    None)`` per request, connection ids counting from 1.
+    """
+
+    def __init__(
+        self,
+        bind_ip: str = "127.0.0.1",
+        *,
+        auth: tuple[str, str] | None = None,
+        fail_status: int | None = None,
+    ) -> None:
+        self.bind_ip = bind_ip
+        self.auth = auth
+        self.fail_status = fail_status
+        self.requests = 0
+        self.connections = 0
+        self.seen_auth: list[tuple[int, str | None]] = []
+        self._expected = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()) if auth else None
+        self._conns = ConnectionTracker()
+        self._listening: Any = None
+        self._reactor: Any = None
+        self._pool: HTTPConnectionPool | None = None
+        self._agent: Agent | None = None
+
+    def _authorized(self, header: bytes | None) -> bool:
+        if self._expected is None:
+            return True
+        if header is None:
+            return False
+        scheme, _, credentials = header.partition(b" ")
+        return scheme.lower() == b"basic" and credentials.strip() == self._expected
+
+    def listen(self, port: int = 0, interface: str = "127.0.0.1") -> int:
+        from twisted.internet import reactor  # lazy: a module-level import installs a reactor
+
+        self._reactor = reactor
+        self._pool = _QuietPool(reactor, persistent=True)
+        self._agent = Agent.usingEndpointFactory(
+            reactor, _BoundEndpoints(reactor, self.bind_ip), self._pool
+        )
+        self._listening = reactor.listenTCP(port, _ProxyFactory(self), interface=interface)
+        return self.port
+
+    @property
+    def port(self) -> int:
+        if self._listening is None:
+            raise RuntimeError("proxy is not listening")
+        return self._listening.getHost().port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> Deferred[Any]:
+        waits = []
+        if self._listening is not None:
+            waits.append(maybeDeferred(self._listening.stopListening))
+            self._listening = None
+        # Aborted clients cancel their in-flight upstream requests; then close the idle ones.
+        closing = self._conns.abort_all()
+        if self._pool is not None:
+            pool = self._pool
+            closing.addCallback(lambda _: pool.closeCachedConnections())
+        waits.append(closing)
+        return gatherResults(waits, consumeErrors=True)
