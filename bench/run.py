@@ -57,6 +57,10 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
         raise SystemExit(f"strategy {name} failed")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     totals = lab_call(origin, "/_lab/stats")["totals"]
+    if args.events:
+        Path(args.events).mkdir(exist_ok=True)
+        events = lab_call(origin, "/_lab/events")
+        (Path(args.events) / f"{name}.json").write_text(json.dumps(events))
     responses = totals["arrivals"]
     ideal = result["ok"] / (args.exits * args.rate)  # goodput: lost pages earn nothing
     result.update(
@@ -78,6 +82,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--events", metavar="DIR", help="save the origin's arrivals per strategy")
     args = ap.parse_args()
     lab, info = start_lab(args)
     rows = []

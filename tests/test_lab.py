@@ -339,6 +339,7 @@ async def test_404s_are_counted_but_not_limited_and_reset_forgets(env):
         "status": {"200": 1, "429": 1, "403": 0, "503": 0, "404": 3},
         "arrivals": 5,
         "accepted": 1,
+        "accepted_span": [0.0, 0.0],
     }
     direct = env.client()
     assert (await direct.request(base + "/_lab/reset")).code == 405

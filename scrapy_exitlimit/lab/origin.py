@@ -154,10 +154,19 @@ class _IPStats:
         self.accepted: list[float] = []
 
 
-def _summary(status: Counter[int], arrivals: int, accepted: int) -> dict[str, Any]:
+def _summary(
+    status: Counter[int], arrivals: int, accepted: list[float] | int
+) -> dict[str, Any]:
     counts = {str(s): status.get(s, 0) for s in _STATUSES}
     counts.update((str(s), n) for s, n in sorted(status.items()) if s not in _STATUSES)
-    return {"status": counts, "arrivals": arrivals, "accepted": accepted}
+    out: dict[str, Any] = {"status": counts, "arrivals": arrivals}
+    if isinstance(accepted, list):
+        # first/last accepted arrival (origin clock): lets a report compute achieved rates
+        out["accepted"] = len(accepted)
+        out["accepted_span"] = [accepted[0], accepted[-1]] if accepted else None
+    else:
+        out["accepted"] = accepted
+    return out
 
 
 _INDEX = (
@@ -258,7 +267,7 @@ class Origin:
         ips = {}
         for ip, st in sorted(self._stats.items()):
             total.update(st.status)
-            ips[ip] = _summary(st.status, len(st.arrivals), len(st.accepted))
+            ips[ip] = _summary(st.status, len(st.arrivals), st.accepted)
         arrivals = sum(len(st.arrivals) for st in self._stats.values())
         accepted = sum(len(st.accepted) for st in self._stats.values())
         return {"ips": ips, "totals": _summary(total, arrivals, accepted)}
@@ -375,6 +384,9 @@ class Origin:
         # Control routes are neither rate-limited nor counted.
         if path == b"/_lab/stats":
             return _set(request, 200, json.dumps(self.stats()).encode(), b"application/json")
+        if path == b"/_lab/events":  # every arrival as [time, status], per IP
+            events = {ip: self.events(ip) for ip in self.ips()}
+            return _set(request, 200, json.dumps(events).encode(), b"application/json")
         if path == b"/_lab/reset":
             if request.method != b"POST":
                 request.setHeader(b"allow", b"POST")
