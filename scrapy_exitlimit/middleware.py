@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
+from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
 from scrapy.http import Response
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
@@ -30,6 +31,9 @@ SLOT_PREFIX = "exitlimit@"
 
 
 def origin_of(request: Request) -> str:
+    """scheme://host[:port], or the request's ``exitlimit_origin`` (to group hosts as one)."""
+    if key := request.meta.get("exitlimit_origin"):
+        return str(key)
     parts = urlparse_cached(request)
     default_port = {"http": 80, "https": 443}.get(parts.scheme)
     host = (parts.hostname or "").lower()
@@ -61,7 +65,7 @@ class ExitLimitMiddleware:
         self.exits = {ex.id: ex for ex in config.exits}
         self.queue = AdmissionQueue(self.limiter, self._admitted)
         self._watch: Any = None
-        self._handed_back = 0
+        self._cache: HttpCacheMiddleware | None = None
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
@@ -79,6 +83,8 @@ class ExitLimitMiddleware:
         logger.info("exitlimit: %d exits, pair rate %g r/s (burst %d), %d in flight per exit",
                     len(self.exits), self.config.limits.rate, self.config.limits.burst,
                     self.config.limits.concurrency)
+        middlewares = self.crawler.engine.downloader.middleware.middlewares
+        self._cache = next((m for m in middlewares if isinstance(m, HttpCacheMiddleware)), None)
         self._schedule_watch()
 
     def _spider_closed(self, spider: Any = None, reason: str = "") -> None:
@@ -130,6 +136,9 @@ class ExitLimitMiddleware:
         ):
             return None
         self._release(request)  # a retried copy may still carry its old lease
+        if self._cache is not None and self._served_from_cache(request):
+            self.stats.inc_value("exitlimit/cache_hit")
+            return None
         origin = origin_of(request)
         parked_at = self.limiter.clock()
         try:
@@ -150,6 +159,26 @@ class ExitLimitMiddleware:
         meta["autothrottle_dont_adjust_delay"] = True
         return None
 
+    def _served_from_cache(self, request: Request) -> bool:
+        """HttpCacheMiddleware (900) will answer this request: it must not wait or spend tokens.
+
+        Asks the cache's own policy and storage the question its process_request
+        will ask, after us in the chain.
+        """
+        cache = self._cache
+        assert cache is not None
+        if request.meta.get("dont_cache"):
+            return False
+        if cache.ignore_missing:
+            return True  # nothing leaves the process: a miss is dropped by the cache
+        try:
+            if not cache.policy.should_cache_request(request):
+                return False
+            cached = cache.storage.retrieve_response(self.crawler.spider, request)
+            return cached is not None and cache.policy.is_cached_response_fresh(cached, request)
+        except Exception:  # the cache logs its own read errors; for us it is a miss
+            return False
+
     def _slot_for(self, exit_id: str) -> str:
         """One download slot per exit, as wide as the exit's cap and with no delay of its own."""
         key = SLOT_PREFIX + exit_id
@@ -164,7 +193,6 @@ class ExitLimitMiddleware:
         return key
 
     def _hand_back(self, request: Request) -> Request:
-        self._handed_back += 1
         self.stats.inc_value("exitlimit/requeued_on_close")
         return self._fresh_copy(request)
 

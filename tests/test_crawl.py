@@ -149,3 +149,24 @@ async def test_close_with_parked_requests_is_prompt_and_hands_them_back(tmp_path
         assert not (set(crawler.spider.ok) & set(second.spider.ok))
     finally:
         await lab.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_cache_hits_spend_no_tokens_and_never_wait(tmp_path):
+    lab = Lab(exits=1, origin=OriginConfig(rate=None))
+    await lab.start()
+    settings = {"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 50,
+                "HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "cache")}
+    try:
+        first = await crawl(settings, lab.origin_url, 10)
+        arrivals = lab.origin.total()
+        # the pool is now far too slow for 10 pages in under a second, unless nothing waits
+        second = await crawl({**settings, "EXITLIMIT_RATE": 0.1}, lab.origin_url, 10)
+    finally:
+        await lab.stop()
+    assert len(first.spider.ok) == 10 and arrivals == 10
+    assert len(second.spider.ok) == 10
+    assert lab.origin.total() == arrivals  # all ten answered from the cache
+    stats = second.stats.get_stats()
+    assert stats["exitlimit/cache_hit"] == 10 and "exitlimit/admitted" not in stats
+    assert stats["elapsed_time_seconds"] < 2.0
