@@ -7,7 +7,7 @@ from typing import Any
 
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 
-from .config import read_exit_urls
+from .config import DEFAULT_CONCURRENCY, read_exit_urls
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Addon:
             return  # the middleware reports bad configuration with the setting's name
         if not exits or not settings.getbool("EXITLIMIT_ENABLED", True):
             return
-        per_exit = _int(settings.get("EXITLIMIT_CONCURRENCY"), 4)
+        per_exit = _int(settings.get("EXITLIMIT_CONCURRENCY"), DEFAULT_CONCURRENCY)
         capacity = exits * per_exit
         wanted = capacity + max(PARKING_ROOM, exits)
         if not _user_set(settings, "CONCURRENT_REQUESTS"):

@@ -31,6 +31,10 @@ class HandedBack(Exception):
     """A parked request was released without admission (spider closing)."""
 
 
+class ExitsUnavailable(Exception):
+    """No exit could serve the request's origin for EXITLIMIT_STALL_TIMEOUT (all banned/dead)."""
+
+
 @dataclass
 class Waiter:
     origin: str
@@ -118,6 +122,14 @@ class AdmissionQueue:
         self._timer = None
         self._timer_at = math.inf
         self._process()
+
+    def fail(self, origin: str, exc: Exception) -> int:
+        """Fail every request parked for ``origin``; returns how many."""
+        queue = self.queues.pop(origin, None) or deque()
+        self.parked -= len(queue)
+        for waiter in queue:
+            waiter.deferred.errback(exc)
+        return len(queue)
 
     def close(self) -> int:
         """Hand every parked request back; returns how many there were."""

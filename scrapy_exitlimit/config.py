@@ -11,12 +11,12 @@ from typing import Any
 
 from scrapy.exceptions import NotConfigured
 
-from .core import Exit, StaticLimits, parse_exit_list
+from .core import Exit, Limits, Tuning, parse_exit_list
 
 logger = logging.getLogger(__name__)
 
-#: Pair rate used while EXITLIMIT_RATE is unset: slow enough for most sites.
-DEFAULT_PAIR_RATE = 1.0
+#: ceiling of each exit's adaptive in-flight limit
+DEFAULT_CONCURRENCY = 8
 
 
 def _number(settings: Any, name: str, *, integer: bool = False, minimum: float | None = None,
@@ -76,19 +76,56 @@ def _overrides(settings: Any, name: str, allowed: set[str]) -> dict[str, dict[st
     return out
 
 
+#: attribute -> (setting, integer?, minimum, strictly greater?, default)
+_TUNING = {
+    "margin": ("EXITLIMIT_SAFETY_MARGIN", False, 0, False, 0.005),
+    "jitter": ("EXITLIMIT_JITTER", False, 0, False, 0.1),
+    "start_rate": ("EXITLIMIT_START_RATE", False, 0, True, 2.0),
+    "max_rate": ("EXITLIMIT_MAX_RATE", False, 0, True, 1000.0),
+    "min_rate": ("EXITLIMIT_MIN_RATE", False, 0, True, 0.05),
+    "breaker_after": ("EXITLIMIT_BREAKER_THRESHOLD", True, 1, False, 5),
+    "breaker_cooldown": ("EXITLIMIT_BREAKER_COOLDOWN", False, 0, False, 30.0),
+    "ban_cooldown": ("EXITLIMIT_BAN_COOLDOWN", False, 0, False, 300.0),
+    "evict_after": ("EXITLIMIT_EVICT_AFTER", True, 1, False, 3),
+    "reanimate_after": ("EXITLIMIT_REANIMATE_AFTER", False, 0, False, 10.0),
+}
+_GLUE = {
+    "max_retries": ("EXITLIMIT_MAX_RETRIES", True, 0, False, 8),
+    "cooldown_min": ("EXITLIMIT_COOLDOWN_MIN", False, 0, False, 0.5),
+    "cooldown_default": ("EXITLIMIT_COOLDOWN_DEFAULT", False, 0, False, 2.0),
+    "cooldown_max": ("EXITLIMIT_COOLDOWN_MAX", False, 0, True, 600.0),
+    "stall_timeout": ("EXITLIMIT_STALL_TIMEOUT", False, 0, True, 120.0),
+}
+
+
+def _read_table(settings: Any, table: dict[str, tuple[str, bool, float, bool, Any]]
+                ) -> dict[str, Any]:
+    out = {}
+    for attr, (name, integer, minimum, strict, default) in table.items():
+        value = _number(settings, name, integer=integer, minimum=minimum, strict=strict,
+                        optional=True)
+        out[attr] = default if value is None else value
+    return out
+
+
 @dataclass(frozen=True)
 class ExitLimitConfig:
     exits: list[Exit]
-    limits: StaticLimits
-    rate_given: bool
-    max_retries: int = 5
+    limits: Limits
+    tuning: Tuning
+    max_retries: int = 8
     cooldown_min: float = 0.5
     cooldown_default: float = 2.0
     cooldown_max: float = 600.0
-    jitter: float = 0.1
-    margin: float = 0.005
+    stall_timeout: float = 120.0
     stats_per_exit: bool = False
+    debug: bool = False
     lease_timeout: float = 240.0
+    policy: str = "scrapy_exitlimit.policy.ResponsePolicy"
+
+    @property
+    def rate_given(self) -> bool:
+        return self.limits.rate is not None
 
     @classmethod
     def from_settings(cls, settings: Any) -> ExitLimitConfig:
@@ -113,12 +150,11 @@ class ExitLimitConfig:
                              "that are not in EXITLIMIT_EXITS")
         origin_overrides = _overrides(settings, "EXITLIMIT_ORIGIN_SETTINGS",
                                       {"rate", "burst", "origin_rate", "origin_burst"})
-        rate = _number(settings, "EXITLIMIT_RATE", minimum=0, strict=True, optional=True)
-        limits = StaticLimits(
-            rate=rate if rate is not None else DEFAULT_PAIR_RATE,
+        limits = Limits(
+            rate=_number(settings, "EXITLIMIT_RATE", minimum=0, strict=True, optional=True),
             burst=_number(settings, "EXITLIMIT_BURST", integer=True, minimum=1, optional=True) or 1,
             concurrency=_number(settings, "EXITLIMIT_CONCURRENCY", integer=True, minimum=1,
-                                optional=True) or 4,
+                                optional=True) or DEFAULT_CONCURRENCY,
             origin_rate=_number(settings, "EXITLIMIT_ORIGIN_RATE", minimum=0, strict=True,
                                 optional=True),
             origin_burst=_number(settings, "EXITLIMIT_ORIGIN_BURST", integer=True, minimum=1,
@@ -126,25 +162,23 @@ class ExitLimitConfig:
             origins={k.rstrip("/"): v for k, v in origin_overrides.items()},
             exits=exit_overrides,
         )
-        opt = {
-            "max_retries": ("EXITLIMIT_MAX_RETRIES", True, 0, False),
-            "cooldown_min": ("EXITLIMIT_COOLDOWN_MIN", False, 0, False),
-            "cooldown_default": ("EXITLIMIT_COOLDOWN_DEFAULT", False, 0, False),
-            "cooldown_max": ("EXITLIMIT_COOLDOWN_MAX", False, 0, True),
-            "jitter": ("EXITLIMIT_JITTER", False, 0, False),
-            "margin": ("EXITLIMIT_SAFETY_MARGIN", False, 0, False),
-        }
-        values = {attr: _number(settings, name, integer=integer, minimum=minimum, strict=strict,
-                                optional=True)
-                  for attr, (name, integer, minimum, strict) in opt.items()}
-        values = {k: v for k, v in values.items() if v is not None}
+        tuning = Tuning(**_read_table(settings, _TUNING))
+        if tuning.min_rate > tuning.max_rate:
+            raise ValueError(f"EXITLIMIT_MIN_RATE ({tuning.min_rate}) must not exceed "
+                             f"EXITLIMIT_MAX_RATE ({tuning.max_rate})")
+        glue = _read_table(settings, _GLUE)
+        policy = settings.get("EXITLIMIT_POLICY") or cls.policy
+        if not isinstance(policy, str):
+            policy = f"{policy.__module__}.{policy.__qualname__}"
         config = cls(
             exits=exits,
             limits=limits,
-            rate_given=rate is not None,
+            tuning=tuning,
             stats_per_exit=settings.getbool("EXITLIMIT_STATS_PER_EXIT", False),
+            debug=settings.getbool("EXITLIMIT_DEBUG", False),
             lease_timeout=settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 60,
-            **values,
+            policy=policy,
+            **glue,
         )
         if config.cooldown_min > config.cooldown_max:
             raise ValueError(f"EXITLIMIT_COOLDOWN_MIN ({config.cooldown_min}) must not exceed "

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
 from scrapy.http import Response
-from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import load_object
 
-from .admission import AdmissionQueue, HandedBack, Waiter, _call_later
-from .config import DEFAULT_PAIR_RATE, ExitLimitConfig
-from .core import Lease, Limiter, bounded_cooldown, parse_retry_after
+from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Waiter, _call_later
+from .config import ExitLimitConfig
+from .core import Event, Lease, Limiter, bounded_cooldown, parse_retry_after
+from .policy import ResponsePolicy, Signal
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -24,10 +26,22 @@ logger = logging.getLogger(__name__)
 
 #: meta key holding the lease id of an admitted request (an int: JOBDIR can pickle it)
 LEASE_KEY = "_exitlimit_lease"
+#: meta key carrying what the answer meant from the wire to process_response
+SIGNAL_KEY = "_exitlimit_signal"
 #: meta keys this middleware writes; cleared on every re-issue
-OWN_KEYS = (LEASE_KEY, "exitlimit_exit", "exitlimit_wait", "proxy", "download_slot")
+OWN_KEYS = (LEASE_KEY, SIGNAL_KEY, "exitlimit_exit", "exitlimit_wait", "proxy", "download_slot")
 CLOSE_WATCH_INTERVAL = 0.2
 SLOT_PREFIX = "exitlimit@"
+#: answers after which the request is sent again through another exit
+REISSUE = {Signal.RATE_LIMITED, Signal.BANNED, Signal.OVERLOADED, Signal.PROXY_FAULT}
+#: stat name per signal
+SIGNAL_STATS = {
+    Signal.RATE_LIMITED: "exitlimit/response_429",
+    Signal.BANNED: "exitlimit/ban",
+    Signal.OVERLOADED: "exitlimit/overload",
+    Signal.PROXY_FAULT: "exitlimit/proxy_fault",
+}
+CLOSE_REASON_NO_EXITS = "exitlimit_no_exits"
 
 
 def origin_of(request: Request) -> str:
@@ -54,18 +68,19 @@ class ExitLimitMiddleware:
         self.crawler = crawler
         self.config = config
         self.stats = crawler.stats
-        self.limiter = Limiter(
-            config.exits,
-            config.limits,
-            clock=time.monotonic,
-            margin=config.margin,
-            jitter=config.jitter,
-            rng=random.Random(),
-        )
+        self.limiter = Limiter(config.exits, config.limits, clock=time.monotonic,
+                               tuning=config.tuning, rng=random.Random())
+        policy_cls = load_object(config.policy)
+        if not (isinstance(policy_cls, type) and issubclass(policy_cls, ResponsePolicy)):
+            raise ValueError(f"EXITLIMIT_POLICY ({config.policy}) must be a ResponsePolicy "
+                             "subclass")
+        self.policy: ResponsePolicy = policy_cls()
         self.exits = {ex.id: ex for ex in config.exits}
         self.queue = AdmissionQueue(self.limiter, self._admitted)
         self._watch: Any = None
         self._cache: HttpCacheMiddleware | None = None
+        self._blocked_since: dict[str, float] = {}
+        self._pool_dead_since: float | None = None
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
@@ -77,12 +92,11 @@ class ExitLimitMiddleware:
 
     # -- lifecycle ---------------------------------------------------------
     def _spider_opened(self, spider: Any = None) -> None:
-        if not self.config.rate_given:
-            logger.info("EXITLIMIT_RATE is unset: pacing every (origin, exit) pair at %g r/s",
-                        DEFAULT_PAIR_RATE)
-        logger.info("exitlimit: %d exits, pair rate %g r/s (burst %d), %d in flight per exit",
-                    len(self.exits), self.config.limits.rate, self.config.limits.burst,
-                    self.config.limits.concurrency)
+        limits = self.config.limits
+        rate = (f"{limits.rate:g} r/s (burst {limits.burst})" if limits.rate is not None
+                else f"learned (from {self.config.tuning.start_rate:g} r/s)")
+        logger.info("exitlimit: %d exits, pair rate %s, up to %d in flight per exit",
+                    len(self.exits), rate, limits.concurrency)
         middlewares = self.crawler.engine.downloader.middleware.middlewares
         self._cache = next((m for m in middlewares if isinstance(m, HttpCacheMiddleware)), None)
         self._schedule_watch()
@@ -97,20 +111,64 @@ class ExitLimitMiddleware:
         self._watch = _call_later(CLOSE_WATCH_INTERVAL, self._check)
 
     def _check(self) -> None:
-        """Notice the engine closing (no signal fires before it waits for us) and reclaim leases."""
+        """Periodic: notice the engine closing (no signal fires before it waits for
+        us), fail requests no exit can serve, reclaim leaked leases."""
         self._watch = None
         engine = self.crawler.engine
         slot = getattr(engine, "_slot", None)
         if engine is None or not engine.running or slot is None or slot.closing is not None:
             self._close_queue("engine closing")
             return
-        for lease in self.limiter.stale_leases(self.config.lease_timeout):
-            self.limiter.release(lease.id)
+        now = self.limiter.clock()
+        self._check_stalls(now)
+        for lease in self.limiter.stale_leases(self.config.lease_timeout, now):
+            self.limiter.release(lease.id, answered=False)
             self.stats.inc_value("exitlimit/lease_reclaimed")
             logger.warning("exitlimit: reclaimed a lease on %s held for over %gs",
                            lease.exit_id, self.config.lease_timeout)
             self.queue.wake()
+        if self._check_pool(now):
+            return
         self._schedule_watch()
+
+    def _check_stalls(self, now: float) -> None:
+        timeout = self.config.stall_timeout
+        for origin in list(self.queue.queues):
+            if self.limiter.usable_exits(origin, now):
+                self._blocked_since.pop(origin, None)
+                continue
+            since = self._blocked_since.setdefault(origin, now)
+            if now - since >= timeout:
+                failed = self.queue.fail(origin, ExitsUnavailable(
+                    f"no usable exit for {origin} for {timeout:g}s "
+                    "(EXITLIMIT_STALL_TIMEOUT): every exit banned or dead"))
+                self.stats.inc_value("exitlimit/stalled", failed)
+                logger.warning("exitlimit: failing %d request(s) for %s: no usable exit for "
+                               "%gs", failed, origin, timeout)
+
+    def _check_pool(self, now: float) -> bool:
+        """The whole pool dead for EXITLIMIT_STALL_TIMEOUT: close the spider, loudly."""
+        if self.limiter.pool_alive(now):
+            self._pool_dead_since = None
+            return False
+        if self._pool_dead_since is None:
+            self._pool_dead_since = now
+            logger.warning("exitlimit: every exit is evicted; waiting for reanimation")
+        if now - self._pool_dead_since < self.config.stall_timeout:
+            return False
+        logger.error("exitlimit: every exit has been dead for %gs, closing the spider (%s)",
+                     self.config.stall_timeout, CLOSE_REASON_NO_EXITS)
+        self._close_queue("no exits left")
+        deferred_from_coro(self._close_spider())
+        return True
+
+    async def _close_spider(self) -> None:
+        engine = self.crawler.engine
+        if hasattr(engine, "close_spider_async"):
+            await engine.close_spider_async(reason=CLOSE_REASON_NO_EXITS)
+        else:  # pragma: no cover - Scrapy < 2.14
+            await maybe_deferred_to_future(
+                engine.close_spider(self.crawler.spider, CLOSE_REASON_NO_EXITS))
 
     def _close_queue(self, why: str) -> None:
         if self.queue.closed:
@@ -148,7 +206,8 @@ class ExitLimitMiddleware:
                 self.stats.max_value("exitlimit/parked_max", self.queue.parked)
                 got = await maybe_deferred_to_future(got)
         except HandedBack:
-            return self._hand_back(request)
+            self.stats.inc_value("exitlimit/requeued_on_close")
+            return self._fresh_copy(request)
         exit_ = self.exits[got.exit_id]
         meta = request.meta
         meta[LEASE_KEY] = got.id
@@ -185,16 +244,12 @@ class ExitLimitMiddleware:
         downloader = self.crawler.engine.downloader
         if key not in downloader.per_slot_settings:
             downloader.per_slot_settings[key] = {
-                "concurrency": self.limiter.exits[exit_id].limit,
+                "concurrency": self.limiter.exits[exit_id].concurrency.ceiling,
                 "delay": 0,
                 "jitter": 0,
                 "randomize_delay": False,
             }
         return key
-
-    def _hand_back(self, request: Request) -> Request:
-        self.stats.inc_value("exitlimit/requeued_on_close")
-        return self._fresh_copy(request)
 
     @staticmethod
     def _fresh_copy(request: Request, **meta: Any) -> Request:
@@ -214,54 +269,91 @@ class ExitLimitMiddleware:
     def _response_downloaded(self, response: Response, request: Request,
                              spider: Any = None) -> None:
         """Feedback straight from the wire, before any other middleware reacts."""
-        exit_id = request.meta.get("exitlimit_exit")
-        if exit_id is None or LEASE_KEY not in request.meta:
+        lease = self.limiter.leases.get(request.meta.get(LEASE_KEY, -1))
+        if lease is None:
             return
-        self._feedback(request, response, exit_id)
-        self._release(request, answered=True)
+        signal = self.policy.classify_response(request, response)
+        request.meta[SIGNAL_KEY] = signal.value
+        self._count(signal, lease.exit_id)
+        if signal is Signal.RATE_LIMITED:
+            cooldown = bounded_cooldown(self._retry_after(response),
+                                        floor=self.config.cooldown_min,
+                                        cap=self.config.cooldown_max,
+                                        default=self.config.cooldown_default)
+            events = self.limiter.rate_limited(lease.origin, lease.exit_id, cooldown, lease)
+        elif signal is Signal.OK:
+            latency = self.limiter.clock() - lease.admitted_at
+            events = self.limiter.success(lease, latency)
+        elif signal is Signal.BANNED:
+            events = self.limiter.banned(lease)
+        elif signal is Signal.OVERLOADED:
+            events = self.limiter.overloaded(lease, self._retry_after(response))
+        elif signal is Signal.PROXY_FAULT:
+            events = self.limiter.proxy_fault(lease, lease.exit_id)
+        else:
+            events = []
+        self._report(events)
+        self._release(request, answered=signal is not Signal.PROXY_FAULT)
 
-    def _feedback(self, request: Request, response: Response, exit_id: str) -> None:
-        origin = origin_of(request)
-        if response.status == 429:
-            seconds = parse_retry_after(
-                response.headers.get(b"Retry-After"),
-                date=response.headers.get(b"Date"),
-                now=time.time(),
-            )
-            cooldown = bounded_cooldown(
-                seconds,
-                floor=self.config.cooldown_min,
-                cap=self.config.cooldown_max,
-                default=self.config.cooldown_default,
-            )
-            until = self.limiter.rate_limited(origin, exit_id, cooldown)
-            self.stats.inc_value("exitlimit/response_429")
-            if self.config.stats_per_exit:
-                self.stats.inc_value(f"exitlimit/exit/{exit_id}/response_429")
-            logger.debug("exitlimit: 429 from %s via %s, cooling the pair for %.2fs",
-                         origin, exit_id, until - self.limiter.clock())
-        elif response.status < 400:
-            self.limiter.succeeded(origin, exit_id)
+    @staticmethod
+    def _retry_after(response: Response) -> float | None:
+        return parse_retry_after(response.headers.get(b"Retry-After"),
+                                 date=response.headers.get(b"Date"), now=time.time())
+
+    def _count(self, signal: Signal, exit_id: str) -> None:
+        stat = SIGNAL_STATS.get(signal)
+        if stat is None:
+            return
+        self.stats.inc_value(stat)
+        if self.config.stats_per_exit:
+            self.stats.inc_value(f"exitlimit/exit/{exit_id}/{stat.rsplit('/', 1)[1]}")
+
+    def _report(self, events: list[Event]) -> None:
+        """One stat and one log line per adjustment (INFO with EXITLIMIT_DEBUG, else DEBUG)."""
+        level = logging.INFO if self.config.debug else logging.DEBUG
+        for ev in events:
+            if ev.kind != "cooldown":
+                self.stats.inc_value(f"exitlimit/{ev.kind}")
+            if logger.isEnabledFor(level):
+                logger.log(level, "exitlimit: %s %s%s: %s", ev.kind, ev.origin,
+                           f" via {ev.exit_id}" if ev.exit_id else "", ev.detail)
+        if events:
+            self.queue.wake()
 
     def process_response(self, request: Request, response: Response,
                          spider: Any = None) -> Request | Response:
         self._release(request)  # a cache hit never reaches the downloader
-        if response.status != 429 or "exitlimit_exit" not in request.meta:
+        signal = request.meta.get(SIGNAL_KEY)
+        if signal is None or Signal(signal) not in REISSUE:
             return response
+        return self._reissue(request, Signal(signal), f"HTTP {response.status}") or response
+
+    def process_exception(self, request: Request, exception: Exception,
+                          spider: Any = None) -> Request | None:
+        self._release(request)
+        exit_id = request.meta.get("exitlimit_exit")
+        if exit_id is None or isinstance(exception, (HandedBack, ExitsUnavailable)):
+            return None
+        signal = self.policy.classify_exception(request, exception)
+        if signal is not Signal.PROXY_FAULT:
+            return None
+        self._count(signal, exit_id)
+        self._report(self.limiter.proxy_fault(None, exit_id))
+        return self._reissue(request, signal, type(exception).__name__)
+
+    def _reissue(self, request: Request, signal: Signal, what: str) -> Request | None:
+        """Send it again (another exit will take it), within the request's own budget."""
         retries = request.meta.get("exitlimit_retries", 0) + 1
         max_retries = request.meta.get("exitlimit_max_retries", self.config.max_retries)
         if retries <= max_retries:
             self.stats.inc_value("exitlimit/reissued")
-            logger.debug("exitlimit: re-issuing %s after a 429 (%d/%d)",
-                         request, retries, max_retries)
+            self.stats.inc_value(f"exitlimit/reissued/{signal.value}")
+            logger.debug("exitlimit: re-issuing %s after %s via %s (%d/%d)", request, what,
+                         request.meta.get("exitlimit_exit"), retries, max_retries)
             return self._fresh_copy(request, exitlimit_retries=retries)
         self.stats.inc_value("exitlimit/gave_up")
-        logger.warning("exitlimit: gave up on %s after %d rate-limited attempts; "
-                       "passing the 429 on", request, retries)
+        self.stats.inc_value(f"exitlimit/gave_up/{signal.value}")
+        logger.warning("exitlimit: gave up on %s after %d attempts (last: %s, %s); passing it on",
+                       request, retries, what, signal.value)
         request.meta["dont_retry"] = True  # RetryMiddleware must not start over
-        return response
-
-    def process_exception(self, request: Request, exception: Exception,
-                          spider: Any = None) -> None:
-        self._release(request)
         return None

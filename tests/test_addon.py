@@ -41,7 +41,7 @@ def test_exits_from_spider_custom_settings_are_seen():
 
     crawler = get_crawler(S, {"ADDONS": {"scrapy_exitlimit.Addon": 100}})
     crawler._apply_settings()
-    assert crawler.settings.getint("CONCURRENT_REQUESTS") == 2 * 4 + 16
+    assert crawler.settings.getint("CONCURRENT_REQUESTS") == 2 * 8 + 16
 
 
 def test_without_exits_nothing_is_sized():

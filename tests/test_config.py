@@ -2,7 +2,7 @@ import pytest
 from scrapy.exceptions import NotConfigured
 from scrapy.settings import Settings
 
-from scrapy_exitlimit.config import DEFAULT_PAIR_RATE, ExitLimitConfig
+from scrapy_exitlimit.config import ExitLimitConfig
 
 EXITS = ["http://127.0.0.1:9000", "http://u:secret@127.0.0.1:9001"]
 
@@ -15,16 +15,18 @@ def test_defaults():
     c = config()
     assert [e.id for e in c.exits][0] == "127.0.0.1:9000"
     assert "secret" not in c.exits[1].id
-    assert c.limits.rate == DEFAULT_PAIR_RATE and not c.rate_given
-    assert c.limits.burst == 1 and c.limits.concurrency == 4 and c.limits.origin_rate is None
-    assert c.max_retries == 5
+    assert c.limits.rate is None and not c.rate_given  # learned
+    assert c.limits.burst == 1 and c.limits.concurrency == 8 and c.limits.origin_rate is None
+    assert c.max_retries == 8 and c.stall_timeout == 120.0
+    assert c.tuning.start_rate == 2.0 and c.tuning.breaker_after == 5
 
 
 def test_values_are_read():
     c = config(EXITLIMIT_RATE="5", EXITLIMIT_BURST=2, EXITLIMIT_CONCURRENCY=8,
                EXITLIMIT_ORIGIN_RATE=20, EXITLIMIT_MAX_RETRIES=0, EXITLIMIT_JITTER=0.2)
     assert (c.limits.rate, c.limits.burst, c.limits.concurrency) == (5.0, 2, 8)
-    assert c.limits.origin_rate == 20.0 and c.rate_given and c.max_retries == 0 and c.jitter == 0.2
+    assert c.limits.origin_rate == 20.0 and c.rate_given and c.max_retries == 0
+    assert c.tuning.jitter == 0.2
 
 
 def test_disabled_or_no_exits_is_not_configured():
@@ -50,6 +52,11 @@ def test_disabled_or_no_exits_is_not_configured():
         ("EXITLIMIT_COOLDOWN_MAX", 0),
         ("EXITLIMIT_JITTER", -0.1),
         ("EXITLIMIT_SAFETY_MARGIN", "x"),
+        ("EXITLIMIT_START_RATE", 0),
+        ("EXITLIMIT_MAX_RATE", -1),
+        ("EXITLIMIT_BREAKER_THRESHOLD", 0),
+        ("EXITLIMIT_EVICT_AFTER", 0.5),
+        ("EXITLIMIT_STALL_TIMEOUT", 0),
     ],
 )
 def test_bad_values_name_the_setting(name, value):
@@ -120,3 +127,8 @@ def test_bad_overrides(name, value, match):
     with pytest.raises(ValueError, match=match) as info:
         config(**{name: value})
     assert name in str(info.value)
+
+
+def test_min_rate_must_not_exceed_max_rate():
+    with pytest.raises(ValueError, match="EXITLIMIT_MIN_RATE"):
+        config(EXITLIMIT_MIN_RATE=10, EXITLIMIT_MAX_RATE=5)

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from scrapy_exitlimit.core import UNTIL_RELEASE, Lease, Limiter, StaticLimits, make_exit
+from scrapy_exitlimit.core import UNTIL_RELEASE, Lease, Limiter, Limits, Tuning, make_exit
 
 from .conftest import FakeClock
 
@@ -16,7 +16,7 @@ def exits(n):
 
 
 def limiter(n=2, clock=None, **kw):
-    limits = StaticLimits(**{"rate": 5.0, "burst": 1, "concurrency": 2, **kw})
+    limits = Limits(**{"rate": 5.0, "burst": 1, "concurrency": 2, **kw})
     return Limiter(exits(n), limits, clock=clock or FakeClock(), rng=random.Random(1))
 
 
@@ -97,7 +97,7 @@ def test_origin_budget_caps_all_exits_together():
 
 def test_origin_override_and_exit_override_take_the_lower_rate():
     e = exits(2)
-    limits = StaticLimits(rate=5.0, origins={SITE: {"rate": 2.0}}, exits={e[1].id: {"rate": 1.0}})
+    limits = Limits(rate=5.0, origins={SITE: {"rate": 2.0}}, exits={e[1].id: {"rate": 1.0}})
     assert limits.pair(SITE, e[0].id).rate == 2.0
     assert limits.pair(SITE, e[1].id).rate == 1.0
     assert limits.pair(OTHER, e[0].id).rate == 5.0
@@ -108,8 +108,8 @@ def test_429_cools_the_pair_and_not_the_others():
     clock = FakeClock(0.0)
     lim = limiter(2, clock, rate=100.0)
     a = lim.try_admit(SITE)
-    until = lim.rate_limited(SITE, a.exit_id, 3.0)
-    assert until == 3.0  # no jitter configured
+    lim.rate_limited(SITE, a.exit_id, 3.0)
+    assert lim.pair_state(SITE, a.exit_id).cooldown_until == 3.0  # no jitter configured
     lim.release(a.id)
     clock.advance(0.1)
     got = [lim.try_admit(SITE)]
@@ -128,16 +128,19 @@ def test_429_cools_the_pair_and_not_the_others():
 def test_cooldown_jitter_stays_within_its_fraction_and_never_shortens():
     clock = FakeClock(0.0)
     e = exits(1)
-    lim = Limiter(e, StaticLimits(rate=1.0), clock=clock, jitter=0.5, rng=random.Random(7))
-    ends = [lim.rate_limited(SITE, e[0].id, 10.0) for _ in range(20)]
+    lim = Limiter(e, Limits(rate=1.0), clock=clock, tuning=Tuning(jitter=0.5, breaker_after=99),
+                  rng=random.Random(7))
+    pair = lim.pair_state(SITE, e[0].id)
+    ends = []
+    for _ in range(20):
+        lim.rate_limited(SITE, e[0].id, 10.0)
+        ends.append(pair.cooldown_until)
     assert all(10.0 <= t <= 15.0 for t in ends)
     assert ends == sorted(ends)  # max(): a later, shorter deadline never wins
     before = lim.pair_state(SITE, e[0].id).cooldown_until
     lim.rate_limited(SITE, e[0].id, 1.0)
     assert lim.pair_state(SITE, e[0].id).cooldown_until == before
     assert lim.pair_state(SITE, e[0].id).streak_429 == 21
-    lim.succeeded(SITE, e[0].id)
-    assert lim.pair_state(SITE, e[0].id).streak_429 == 0
 
 
 def test_earliest_wait_is_infinite_only_when_every_lease_is_taken():
@@ -182,7 +185,7 @@ def test_stale_leases_are_reported():
 
 def test_needs_an_exit():
     with pytest.raises(ValueError):
-        Limiter([], StaticLimits(rate=1.0), clock=FakeClock())
+        Limiter([], Limits(rate=1.0), clock=FakeClock())
 
 
 def test_a_late_answer_pushes_the_next_request_back_by_the_extra_latency():

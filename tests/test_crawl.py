@@ -72,7 +72,8 @@ async def test_spent_retry_budget_is_visible_not_silent():
     lab.start()
     try:
         crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 50,
-                               "EXITLIMIT_MAX_RETRIES": 0, "EXITLIMIT_COOLDOWN_MIN": 0.05},
+                               "EXITLIMIT_MAX_RETRIES": 0, "EXITLIMIT_COOLDOWN_MIN": 0.05,
+                               "EXITLIMIT_BREAKER_THRESHOLD": 100},
                               lab.origin_url, 10)
     finally:
         await lab.stop()

@@ -2,20 +2,27 @@
 
 from .bucket import TokenBucket
 from .exits import Exit, exit_id, make_exit, mask_url, parse_exit_list
-from .limiter import UNTIL_RELEASE, Lease, Limiter, PairState
-from .limits import OriginLimits, PairLimits, StaticLimits
+from .health import ConcurrencyLimit, ExitHealth
+from .learning import RateEstimate
+from .limiter import UNTIL_RELEASE, Event, Lease, Limiter, PairState, Tuning
+from .limits import Limits, OriginLimits, PairLimits
 from .retry_after import bounded_cooldown, parse_http_date, parse_retry_after
 
 __all__ = [
     "UNTIL_RELEASE",
+    "ConcurrencyLimit",
+    "Event",
     "Exit",
+    "ExitHealth",
     "Lease",
     "Limiter",
+    "Limits",
     "OriginLimits",
     "PairLimits",
     "PairState",
-    "StaticLimits",
+    "RateEstimate",
     "TokenBucket",
+    "Tuning",
     "bounded_cooldown",
     "exit_id",
     "make_exit",

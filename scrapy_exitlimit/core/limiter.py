@@ -5,18 +5,41 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .bucket import TokenBucket
 from .exits import Exit
-from .limits import StaticLimits
+from .health import ConcurrencyLimit, ExitHealth
+from .learning import BACKOFF, RateEstimate
+from .limits import Limits
 
 Clock = Callable[[], float]
 #: ``Limiter.try_admit`` returns this wait when only a lease release can help.
 UNTIL_RELEASE = math.inf
 #: how fast ``PairState.min_latency`` forgets a fast sample (the path may get slower)
 LATENCY_FORGET = 0.02
+#: clean answers at a probed rate, with the pair really pacing, that confirm it
+CONFIRMATIONS = 2
+#: a scout that has not settled its probe in this many intervals hands it on
+SCOUT_PATIENCE = 20
+
+
+@dataclass
+class Tuning:
+    """Knobs of the control laws (settings map onto these)."""
+
+    margin: float = 0.0
+    jitter: float = 0.0
+    start_rate: float = 2.0
+    max_rate: float = 1000.0
+    min_rate: float = 0.05
+    breaker_after: int = 5
+    breaker_cooldown: float = 30.0
+    ban_cooldown: float = 300.0
+    evict_after: int = 3
+    reanimate_after: float = 10.0
+    overload_backoff: float = 0.5
 
 
 @dataclass
@@ -24,6 +47,9 @@ class PairState:
     """(origin, exit): where the server's per-IP limit lives."""
 
     bucket: TokenBucket
+    #: this pair's own knowledge of its limit: always with a configured rate,
+    #: and in learned mode once the pair proved slower than the origin's others
+    own: RateEstimate | None = None
     cooldown_until: float = -math.inf
     streak_429: int = 0
     in_flight: int = 0
@@ -32,31 +58,49 @@ class PairState:
     proven: bool = False
     #: the fastest admission-to-answer time seen lately (drifts up slowly)
     min_latency: float = math.inf
+    breaker_opened: int = 0  # times the breaker opened without a success since
+    half_open: bool = False
+    banned_until: float = -math.inf
+    bans: int = 0
+    last_admit: float = -math.inf
+    confirmations: int = 0
+    last_success: float = -math.inf
 
     @property
-    def probing(self) -> bool:
-        return not self.proven and self.in_flight > 0
+    def single_file(self) -> bool:
+        """One request at a time: a new pair, or a half-open breaker or ban."""
+        return (not self.proven or self.half_open) and self.in_flight > 0
 
     def ready_at(self, now: float) -> float:
-        return max(self.bucket.ready_at(now), self.cooldown_until)
+        return max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until)
 
 
 @dataclass
 class ExitState:
     exit: Exit
-    limit: int
+    concurrency: ConcurrencyLimit
+    health: ExitHealth
     in_flight: int = 0
 
     @property
-    def free(self) -> bool:
-        return self.in_flight < self.limit
+    def limit(self) -> int:
+        return 1 if self.health.suspect else self.concurrency.limit
+
+    def usable(self, now: float) -> bool:
+        return not self.health.dead(now) and self.in_flight < self.limit
 
 
 @dataclass
 class OriginState:
     key: str
     budget: TokenBucket | None
+    #: the origin's typical per-exit limit, learned once for the whole pool
+    estimate: RateEstimate
     pairs: dict[str, PairState] = field(default_factory=dict)
+    scout: str | None = None  # the one pair probing above what is known clean
+    scout_since: float = -math.inf
+    overloaded_until: float = -math.inf  # 503: no budget increase before this
+    last_estimate_tick: float = -math.inf
 
 
 @dataclass(frozen=True)
@@ -67,37 +111,62 @@ class Lease:
     origin: str
     exit_id: str
     admitted_at: float
+    rate: float  # the pair's pacing rate at admission
+    paced: bool  # admitted right on the pair's schedule (the pair was busy)
+    was_full: bool  # this lease filled the exit's limit
+
+
+@dataclass(frozen=True)
+class Event:
+    """A change worth a log line and a stat: kind, origin, exit id, detail."""
+
+    kind: str
+    origin: str
+    exit_id: str | None
+    detail: str
 
 
 class Limiter:
     """Pure, in-memory admission control. The caller supplies time and waits.
 
     ``try_admit(origin)`` either returns a :class:`Lease` on the best exit that
-    is ready now (not cooling down, pair token available, lease free, least
-    loaded) having consumed the origin token, the pair token and a lease all
-    at once, or the earliest time anything could be admitted for that origin
-    (``UNTIL_RELEASE`` when every exit's leases are taken).
+    is ready now (not cooling down, banned or dead, pair token available, lease
+    free, least loaded) having consumed the origin token, the pair token and a
+    lease all at once, or the earliest time anything could be admitted for that
+    origin (``UNTIL_RELEASE`` when only a lease release can help). Feedback
+    methods return :class:`Event` lists for the caller to log and count.
     """
 
     def __init__(
         self,
         exits: Sequence[Exit],
-        limits: StaticLimits,
+        limits: Limits,
         *,
         clock: Clock,
-        margin: float = 0.0,
-        jitter: float = 0.0,
+        tuning: Tuning | None = None,
+        margin: float | None = None,
+        jitter: float | None = None,
         rng: random.Random | None = None,
     ) -> None:
         if not exits:
             raise ValueError("a Limiter needs at least one exit")
         self.limits = limits
         self.clock = clock
-        self.margin = margin
-        self.jitter = jitter
+        self.tuning = tuning or Tuning()
+        if margin is not None:
+            self.tuning.margin = margin
+        if jitter is not None:
+            self.tuning.jitter = jitter
         self.rng = rng or random.Random()
+        t = self.tuning
         self.exits: dict[str, ExitState] = {
-            ex.id: ExitState(ex, limits.exit_concurrency(ex.id)) for ex in exits
+            ex.id: ExitState(
+                ex,
+                ConcurrencyLimit(limits.exit_concurrency(ex.id),
+                                 min(2, limits.exit_concurrency(ex.id))),
+                ExitHealth(evict_after=t.evict_after, backoff=t.reanimate_after),
+            )
+            for ex in exits
         }
         self.origins: dict[str, OriginState] = {}
         self.leases: dict[int, Lease] = {}
@@ -109,7 +178,9 @@ class Limiter:
         if state is None:
             ol = self.limits.origin(origin)
             budget = TokenBucket(ol.rate, ol.burst) if ol.rate is not None else None
-            state = self.origins[origin] = OriginState(origin, budget)
+            t = self.tuning
+            estimate = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate)
+            state = self.origins[origin] = OriginState(origin, budget, estimate)
         return state
 
     def pair_state(self, origin: str, exit_id: str) -> PairState:
@@ -117,21 +188,48 @@ class Limiter:
         pair = ostate.pairs.get(exit_id)
         if pair is None:
             pl = self.limits.pair(origin, exit_id)
-            pair = ostate.pairs[exit_id] = PairState(TokenBucket(pl.rate, pl.burst, self.margin))
+            t = self.tuning
+            if pl.rate is not None:  # configured: a ceiling, lowered only by 429s
+                own = RateEstimate(pl.rate, floor=min(t.min_rate, pl.rate), ceiling=pl.rate)
+                bucket = TokenBucket(pl.rate, pl.burst, t.margin)
+            else:  # learned: even pacing, no burst the server has not shown it takes
+                own = None
+                bucket = TokenBucket(ostate.estimate.lo, 1, t.margin)
+            pair = ostate.pairs[exit_id] = PairState(bucket, own)
         return pair
+
+    def pair_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
+        """The rate this pair should pace at now."""
+        if pair.own is not None:
+            return pair.own.target()  # its own limit: it probes for itself
+        est = ostate.estimate
+        if ostate.scout == exit_id:
+            return est.target()
+        return est.lo
+
+    def _sync_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
+        rate = self.pair_rate(ostate, exit_id, pair)
+        if rate != pair.bucket.rate:
+            pair.bucket.set_rate(rate)
+        return rate
 
     # -- admission ---------------------------------------------------------
     def try_admit(self, origin: str, now: float | None = None) -> Lease | float:
         now = self.clock() if now is None else now
         ostate = self.origin_state(origin)
+        self._tick_estimate(ostate, now)
         best: tuple[tuple[float, float], ExitState, PairState] | None = None
         earliest = UNTIL_RELEASE
-        for estate in self.exits.values():
-            if not estate.free:
+        for exit_id, estate in self.exits.items():
+            if estate.health.dead(now):
+                earliest = min(earliest, estate.health.dead_until)
                 continue
-            pair = ostate.pairs.get(estate.exit.id) or self.pair_state(origin, estate.exit.id)
-            if pair.probing:
-                continue  # its first answer will wake the queue
+            if estate.in_flight >= estate.limit:
+                continue
+            pair = ostate.pairs.get(exit_id) or self.pair_state(origin, exit_id)
+            if pair.single_file:
+                continue  # its answer will wake the queue
+            self._sync_rate(ostate, exit_id, pair)
             ready = pair.ready_at(now)
             if ready > now:
                 earliest = min(earliest, ready)
@@ -148,13 +246,59 @@ class Limiter:
                 return origin_ready
             ostate.budget.consume(now)
         _, estate, pair = best
+        exit_id = estate.exit.id
+        if (pair.own is None and ostate.scout is None
+                and ostate.estimate.target() > ostate.estimate.lo):
+            ostate.scout, ostate.scout_since = exit_id, now
+            pair.confirmations = 0
+            self._sync_rate(ostate, exit_id, pair)
+        # "paced": sent as soon as the pair's schedule allowed, i.e. demand was there
+        paced = now - pair.last_admit <= pair.bucket.interval * 1.25 + 0.002
         pair.bucket.consume(now)
+        pair.last_admit = now
         pair.in_flight += 1
         estate.in_flight += 1
-        lease = Lease(next(self._lease_ids), origin, estate.exit.id, now)
+        lease = Lease(next(self._lease_ids), origin, exit_id, now, pair.bucket.rate, paced,
+                      estate.in_flight >= estate.limit)
         self.leases[lease.id] = lease
         return lease
 
+    def _tick_estimate(self, ostate: OriginState, now: float) -> None:
+        """Time-driven parts: ceilings drift, a stuck scout hands its probe on."""
+        elapsed = now - ostate.last_estimate_tick
+        if elapsed < 1.0:
+            return
+        ostate.last_estimate_tick = now
+        if math.isfinite(elapsed):
+            ostate.estimate.drift(elapsed)
+            for pair in ostate.pairs.values():
+                if pair.own is not None:
+                    pair.own.drift(elapsed)
+        if ostate.scout is not None:
+            patience = SCOUT_PATIENCE / max(ostate.estimate.target(), 1e-9)
+            if now - ostate.scout_since > max(patience, 2.0):
+                ostate.scout = None
+
+    def usable_exits(self, origin: str, now: float | None = None) -> int:
+        """Exits that could ever serve this origin now: not dead, pair not banned/broken."""
+        now = self.clock() if now is None else now
+        ostate = self.origin_state(origin)
+        count = 0
+        for exit_id, estate in self.exits.items():
+            if estate.health.dead(now):
+                continue
+            pair = ostate.pairs.get(exit_id)
+            if pair is not None and (pair.banned_until > now or pair.breaker_opened and
+                                     pair.cooldown_until > now):
+                continue
+            count += 1
+        return count
+
+    def pool_alive(self, now: float | None = None) -> bool:
+        now = self.clock() if now is None else now
+        return any(not e.health.dead(now) for e in self.exits.values())
+
+    # -- release and feedback ------------------------------------------------
     def release(self, lease_id: int, answered: bool = True) -> Lease | None:
         """Return a lease's place to its exit; releasing twice is a no-op.
 
@@ -190,31 +334,179 @@ class Limiter:
             arrived_by = now - pair.min_latency
         pair.bucket.arrived(arrived_by)
 
-    def stale_leases(self, older_than: float, now: float | None = None) -> Iterable[Lease]:
-        now = self.clock() if now is None else now
-        return [lease for lease in self.leases.values() if now - lease.admitted_at > older_than]
+    def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
+        """A clean answer (2xx/3xx, or an ordinary 4xx such as 404)."""
+        now = self.clock()
+        events: list[Event] = []
+        ostate = self.origin_state(lease.origin)
+        pair = self.pair_state(lease.origin, lease.exit_id)
+        estate = self.exits[lease.exit_id]
+        pair.streak_429 = 0
+        pair.last_success = now
+        if pair.half_open or pair.breaker_opened or pair.bans:
+            if pair.half_open:
+                events.append(Event("recovered", lease.origin, lease.exit_id, "probe succeeded"))
+            pair.half_open = False
+            pair.breaker_opened = 0
+            pair.bans = 0
+        estate.health.success()
+        if latency is not None:
+            moved = estate.concurrency.success(latency, lease.was_full)
+            if moved:
+                events.append(Event(f"concurrency_{moved}", lease.origin, lease.exit_id,
+                                    f"limit {estate.concurrency.limit} (latency {latency:.3f}s, "
+                                    f"baseline {estate.concurrency.baseline:.3f}s)"))
+        events.extend(self._confirm(ostate, pair, lease, now))
+        if ostate.budget is not None and now >= ostate.overloaded_until:
+            self._recover_budget(ostate, now)
+        return events
 
-    # -- feedback ----------------------------------------------------------
+    def _confirm(self, ostate: OriginState, pair: PairState, lease: Lease,
+                 now: float) -> list[Event]:
+        """Count clean, really paced answers at a probed rate; enough of them confirm it."""
+        own = pair.own is not None
+        est = pair.own if own else ostate.estimate
+        assert est is not None
+        probing = own or ostate.scout == lease.exit_id
+        if not probing or not lease.paced or lease.rate <= est.lo * (1 + 1e-9):
+            return []
+        if lease.admitted_at < est.changed_at:
+            return []
+        pair.confirmations += 1
+        if pair.confirmations < CONFIRMATIONS:
+            return []
+        pair.confirmations = 0
+        before = est.lo
+        est.confirmed(lease.rate, now)
+        if not own:
+            ostate.scout = None
+        # a pair that learned its own limit rejoins the pool's once it reaches it
+        learned = self.limits.pair(lease.origin, lease.exit_id).rate is None
+        if own and learned and est.lo >= ostate.estimate.lo:
+            pair.own = None
+        return [Event("rate_up", lease.origin, lease.exit_id if own else None,
+                      f"{before:.3g} -> {est.lo:.3g} r/s")]
+
     def rate_limited(self, origin: str, exit_id: str, retry_after: float,
-                     now: float | None = None) -> float:
-        """A 429 on the pair: it cools down for ``retry_after`` plus jitter.
+                     lease: Lease | None = None, now: float | None = None) -> list[Event]:
+        """A 429 on the pair: cool down, and learn from it once per congestion event.
 
-        A later, shorter Retry-After never shortens a cooldown already set;
-        the bucket is held so the cooldown ends with one request, not a burst.
-        Returns the cooldown's end.
+        The pair cools down for ``retry_after`` plus jitter; a later, shorter
+        Retry-After never shortens a cooldown already set; the bucket is held so
+        the cooldown ends with one request, not a burst. A 429 for a request
+        admitted before the estimate last changed is part of the congestion
+        event already accounted for: it cools the pair but teaches nothing.
         """
         now = self.clock() if now is None else now
+        t = self.tuning
+        events: list[Event] = []
+        ostate = self.origin_state(origin)
         pair = self.pair_state(origin, exit_id)
-        until = now + retry_after * (1.0 + self.rng.uniform(0.0, self.jitter))
+        until = now + retry_after * (1.0 + self.rng.uniform(0.0, t.jitter))
+        pair.streak_429 += 1
+        pair.confirmations = 0
+        if pair.half_open or pair.streak_429 >= t.breaker_after:
+            pair.breaker_opened += 1
+            pair.half_open = True
+            hold = t.breaker_cooldown * 2 ** (pair.breaker_opened - 1)
+            until = max(until, now + min(hold, 3600.0))
+            events.append(Event("breaker_open", origin, exit_id,
+                                f"{pair.streak_429} 429s in a row: open for {until - now:.1f}s"))
         pair.cooldown_until = max(pair.cooldown_until, until)
         pair.bucket.hold_until(pair.cooldown_until)
-        pair.streak_429 += 1
-        return pair.cooldown_until
+        events.append(Event("cooldown", origin, exit_id, f"{pair.cooldown_until - now:.2f}s"))
+        if lease is None:
+            return events
+        # the rate actually admitted just before it: the pacing rate, or less if idle
+        gap = now - lease.admitted_at
+        measured = lease.rate if lease.paced else min(lease.rate, 1.0 / max(gap, 1e-3))
+        if pair.own is not None:
+            est = pair.own
+        elif ostate.scout == exit_id or measured > ostate.estimate.lo * (1 + 1e-9):
+            est = ostate.estimate
+            ostate.scout = None
+        else:
+            # the pool's known-clean rate is too fast for this exit: it learns its own
+            est = pair.own = RateEstimate(measured, floor=t.min_rate,
+                                          ceiling=ostate.estimate.ceiling)
+            est.lo = max(est.floor, measured * BACKOFF)
+            est.hi = measured
+            est.changed_at = now
+            events.append(Event("rate_down", origin, exit_id,
+                                f"slower than the pool: {measured:.3g} -> {est.lo:.3g} r/s"))
+            return events
+        if lease.admitted_at < est.changed_at:
+            return events  # same congestion event as an earlier 429
+        before = est.lo
+        est.rejected(measured, now)
+        events.append(Event("rate_down", origin, None if est is ostate.estimate else exit_id,
+                            f"429 at {measured:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
+                            f"ceiling {est.hi:.3g}"))
+        return events
 
-    def succeeded(self, origin: str, exit_id: str) -> None:
-        pair = self.origin_state(origin).pairs.get(exit_id)
-        if pair is not None:
-            pair.streak_429 = 0
+    def banned(self, lease: Lease) -> list[Event]:
+        """A 403/block page: this exit is banned by this origin (not everywhere)."""
+        now = self.clock()
+        pair = self.pair_state(lease.origin, lease.exit_id)
+        pair.bans += 1
+        hold = self.tuning.ban_cooldown * 2 ** (pair.bans - 1)
+        pair.banned_until = max(pair.banned_until, now + min(hold, 86400.0))
+        pair.half_open = True  # after the ban, one probe first
+        return [Event("ban", lease.origin, lease.exit_id,
+                      f"banned for {pair.banned_until - now:.0f}s")]
+
+    def overloaded(self, lease: Lease, retry_after: float | None) -> list[Event]:
+        """A 503: the origin as a whole is overloaded; slow its budget, honour Retry-After."""
+        now = self.clock()
+        t = self.tuning
+        ostate = self.origin_state(lease.origin)
+        recent = self._origin_rate(ostate, now)
+        if ostate.budget is None:
+            ostate.budget = TokenBucket(max(recent * t.overload_backoff, t.min_rate), 1)
+        elif now >= ostate.overloaded_until:  # once per event
+            ostate.budget.set_rate(max(ostate.budget.rate * t.overload_backoff, t.min_rate))
+        hold = retry_after if retry_after is not None else 1.0
+        ostate.overloaded_until = max(ostate.overloaded_until, now + max(hold, 1.0) * 2)
+        ostate.budget.hold_until(now + (retry_after or 0.0))
+        return [Event("overload", lease.origin, None,
+                      f"origin budget {ostate.budget.rate:.3g} r/s, paused {hold:.1f}s")]
+
+    def _origin_rate(self, ostate: OriginState, now: float) -> float:
+        """Roughly how fast this origin was being admitted: sum of its pairs' pacing rates."""
+        rates = [p.bucket.rate for eid, p in ostate.pairs.items()
+                 if now - p.last_admit < 2.0]
+        return sum(rates) if rates else self.tuning.start_rate
+
+    def _recover_budget(self, ostate: OriginState, now: float) -> None:
+        """A learned origin budget grows back 2% per clean answer, until unnecessary."""
+        ol = self.limits.origin(ostate.key)
+        budget = ostate.budget
+        assert budget is not None
+        new = budget.rate * 1.02
+        if ol.rate is not None:
+            budget.set_rate(min(new, ol.rate))
+        elif new > 2 * self._origin_rate(ostate, now):
+            ostate.budget = None  # no longer the limit: drop it
+        else:
+            budget.set_rate(new)
+
+    def proxy_fault(self, lease: Lease | None, exit_id: str) -> list[Event]:
+        """Refused connection, failed CONNECT, timeout, 407...: the exit's health."""
+        now = self.clock()
+        estate = self.exits[exit_id]
+        events: list[Event] = []
+        if estate.concurrency.fault():
+            events.append(Event("concurrency_decrease", lease.origin if lease else "", exit_id,
+                                f"limit {estate.concurrency.limit} after a fault"))
+        if estate.health.fault(now):
+            events.append(Event("evicted", lease.origin if lease else "", exit_id,
+                                f"{estate.health.faults} faults: out for "
+                                f"{estate.health.dead_until - now:.0f}s"))
+        return events
+
+    def stale_leases(self, older_than: float, now: float | None = None) -> list[Lease]:
+        now = self.clock() if now is None else now
+        return [lease for lease in self.leases.values() if now - lease.admitted_at > older_than]
 
     def __repr__(self) -> str:
         busy = sum(e.in_flight for e in self.exits.values())

@@ -9,7 +9,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class PairLimits:
-    rate: float
+    rate: float | None  # None: learn it from the server's answers
     burst: int
 
 
@@ -20,16 +20,18 @@ class OriginLimits:
 
 
 @dataclass(frozen=True)
-class StaticLimits:
-    """Limits fixed by configuration.
+class Limits:
+    """Limits from configuration.
 
     A pair's rate is the most specific one given: the exit's override or the
-    origin's override (the lower of the two when both are set), else ``rate``.
+    origin's override (the lower of the two when both are set), else ``rate``;
+    ``None`` everywhere means the rate is learned. ``concurrency`` is the
+    ceiling of each exit's adaptive in-flight limit.
     """
 
-    rate: float
+    rate: float | None = None
     burst: int = 1
-    concurrency: int = 4
+    concurrency: int = 8
     origin_rate: float | None = None
     origin_burst: int = 1
     origins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

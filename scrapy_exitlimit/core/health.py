@@ -1,0 +1,100 @@
+"""Exit health and per-exit concurrency: AIMD on latency, eviction on proxy faults."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: a latency this many times the exit's baseline (and LATENCY_KNEE_FLOOR above it) is a knee
+LATENCY_KNEE = 3.0
+LATENCY_KNEE_FLOOR = 0.25
+#: how fast the baseline forgets a fast sample
+BASELINE_FORGET = 0.01
+
+
+@dataclass
+class ConcurrencyLimit:
+    """AIMD in-flight limit for one exit, clamped to [1, ceiling].
+
+    +1 after ``limit`` successes that each found the limit in use; x0.5 on a
+    timeout or proxy fault; x0.75 on a latency knee (latency far above the
+    exit's own baseline); at most one decrease per ``limit`` answers.
+    """
+
+    ceiling: int
+    limit: int = 2
+    baseline: float = math.inf
+    _successes: int = 0
+    _since_decrease: int = 0
+
+    def __post_init__(self) -> None:
+        self.limit = max(1, min(self.limit, self.ceiling))
+
+    def success(self, latency: float, was_full: bool) -> str | None:
+        """A clean answer; returns "increase"/"decrease" when the limit moved."""
+        self._since_decrease += 1
+        knee = self.baseline * LATENCY_KNEE
+        if math.isfinite(self.baseline) and latency > max(knee, self.baseline + LATENCY_KNEE_FLOOR):
+            self._observe(latency)
+            return "decrease" if self._decrease(0.75) else None
+        self._observe(latency)
+        if was_full and self.limit < self.ceiling:
+            self._successes += 1
+            if self._successes >= self.limit:
+                self._successes = 0
+                self.limit += 1
+                return "increase"
+        return None
+
+    def fault(self) -> bool:
+        return self._decrease(0.5)
+
+    def _observe(self, latency: float) -> None:
+        if latency < self.baseline:
+            self.baseline = latency
+        else:
+            self.baseline += BASELINE_FORGET * (latency - self.baseline)
+
+    def _decrease(self, factor: float) -> bool:
+        if self._since_decrease < self.limit:
+            return False  # answers to requests sent before the last decrease
+        self._since_decrease = 0
+        self._successes = 0
+        new = max(1, int(self.limit * factor))
+        changed = new != self.limit
+        self.limit = new
+        return changed
+
+
+@dataclass
+class ExitHealth:
+    """Consecutive proxy faults evict an exit; it comes back through a single probe."""
+
+    evict_after: int = 3
+    backoff: float = 10.0
+    max_backoff: float = 300.0
+    faults: int = 0
+    dead_until: float = -math.inf
+    evictions: int = 0
+
+    def dead(self, now: float) -> bool:
+        return now < self.dead_until
+
+    @property
+    def suspect(self) -> bool:
+        """Evicted before and not yet proven alive again: one probe at a time."""
+        return self.evictions > 0 and self.faults > 0
+
+    def fault(self, now: float) -> bool:
+        """A proxy fault; True when it evicts the exit."""
+        self.faults += 1
+        if self.faults >= self.evict_after or (self.evictions and self.faults > 0):
+            wait = min(self.backoff * 2**self.evictions, self.max_backoff)
+            self.evictions += 1
+            self.dead_until = now + wait
+            return True
+        return False
+
+    def success(self) -> None:
+        self.faults = 0
+        self.evictions = 0
