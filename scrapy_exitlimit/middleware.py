@@ -17,6 +17,7 @@ from scrapy.utils.misc import load_object
 from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Waiter, _call_later
 from .config import ExitLimitConfig
 from .core import Event, Lease, Limiter, bounded_cooldown, parse_retry_after
+from .core.ratelimit_headers import parse_ratelimit
 from .policy import ResponsePolicy, Signal
 
 if TYPE_CHECKING:
@@ -284,6 +285,9 @@ class ExitLimitMiddleware:
         elif signal is Signal.OK:
             latency = self.limiter.clock() - lease.admitted_at
             events = self.limiter.success(lease, latency)
+            quota = parse_ratelimit(response.headers, now=time.time())
+            if quota is not None:
+                events += self.limiter.announced(lease, quota.rate, quota.remaining, quota.reset)
         elif signal is Signal.BANNED:
             events = self.limiter.banned(lease)
         elif signal is Signal.OVERLOADED:

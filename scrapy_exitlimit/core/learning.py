@@ -33,6 +33,8 @@ class RateEstimate:
     #: when ``lo``/``hi`` last changed: 429s from requests admitted before this
     #: belong to a congestion event already accounted for
     changed_at: float = -math.inf
+    #: when ``lo`` last went up: a 429 soon after says the raise was wrong
+    raised_at: float = -math.inf
 
     def __post_init__(self) -> None:
         self.lo = min(max(self.lo, self.floor), self.ceiling)
@@ -57,7 +59,7 @@ class RateEstimate:
             self.lo = min(rate, self.ceiling)
             if self.hi is not None and self.hi <= self.lo:
                 self.hi = None  # the limit was raised: slow start again from here
-            self.changed_at = now
+            self.changed_at = self.raised_at = now
 
     def rejected(self, rate: float, now: float) -> None:
         """A 429 at ``rate`` (what was actually admitted just before it)."""

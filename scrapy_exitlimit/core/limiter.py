@@ -19,8 +19,12 @@ Clock = Callable[[], float]
 UNTIL_RELEASE = math.inf
 #: how fast ``PairState.min_latency`` forgets a fast sample (the path may get slower)
 LATENCY_FORGET = 0.02
-#: clean answers at a probed rate, with the pair really pacing, that confirm it
+#: clean answers at a probed rate, with the pair really pacing, that confirm it:
+#: few in slow start (far from any known ceiling), more when bisecting near one
 CONFIRMATIONS = 2
+CONFIRMATIONS_NEAR_CEILING = 5
+#: a 429 at the pool's rate this soon after it was raised blames the raise, not the exit
+RAISE_TRUST = 10.0
 #: a scout that has not settled its probe in this many intervals hands it on
 SCOUT_PATIENCE = 20
 
@@ -100,6 +104,8 @@ class OriginState:
     scout: str | None = None  # the one pair probing above what is known clean
     scout_since: float = -math.inf
     overloaded_until: float = -math.inf  # 503: no budget increase before this
+    #: exits that 429'd at the pool's rate since it last went up
+    suspects: set[str] = field(default_factory=set)
     last_estimate_tick: float = -math.inf
 
 
@@ -373,7 +379,8 @@ class Limiter:
         if lease.admitted_at < est.changed_at:
             return []
         pair.confirmations += 1
-        if pair.confirmations < CONFIRMATIONS:
+        needed = CONFIRMATIONS if est.hi is None else CONFIRMATIONS_NEAR_CEILING
+        if pair.confirmations < needed:
             return []
         pair.confirmations = 0
         before = est.lo
@@ -420,10 +427,15 @@ class Limiter:
         # the rate actually admitted just before it: the pacing rate, or less if idle
         gap = now - lease.admitted_at
         measured = lease.rate if lease.paced else min(lease.rate, 1.0 / max(gap, 1e-3))
+        pool = ostate.estimate
         if pair.own is not None:
             est = pair.own
-        elif ostate.scout == exit_id or measured > ostate.estimate.lo * (1 + 1e-9):
-            est = ostate.estimate
+        elif (ostate.scout == exit_id or measured > pool.lo * (1 + 1e-9)
+              or lease.admitted_at < pool.changed_at or self._raise_was_wrong(ostate, exit_id,
+                                                                             now)):
+            # the scout's probe failed, or the pool's rate was raised too far: all pairs
+            # learn it at once (and 429s already in flight count as the same event)
+            est = pool
             ostate.scout = None
         else:
             # the pool's known-clean rate is too fast for this exit: it learns its own
@@ -443,6 +455,50 @@ class Limiter:
                             f"429 at {measured:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                             f"ceiling {est.hi:.3g}"))
         return events
+
+    def announced(self, lease: Lease, rate: float | None, remaining: float | None,
+                  reset: float | None) -> list[Event]:
+        """The server stated its quota (RateLimit / X-RateLimit-* headers): pace by it.
+
+        A stated rate becomes the pair's own, with no probing above it; an
+        exhausted quota (remaining 0) holds the pair until the reset, so the
+        429 never comes.
+        """
+        now = self.clock()
+        pair = self.pair_state(lease.origin, lease.exit_id)
+        events: list[Event] = []
+        if rate is not None and rate > 0:
+            rate = min(max(rate, self.tuning.min_rate), self.tuning.max_rate)
+            own = pair.own
+            if own is None or own.ceiling != rate or own.lo != rate:
+                pair.own = RateEstimate(rate, floor=min(self.tuning.min_rate, rate), ceiling=rate)
+                events.append(Event("rate_announced", lease.origin, lease.exit_id,
+                                    f"server states {rate:.3g} r/s"))
+        elif remaining is not None and reset is not None and remaining < 1 and reset > 0:
+            until = now + reset
+            if until > pair.cooldown_until:
+                pair.cooldown_until = until
+                pair.bucket.hold_until(until)
+                events.append(Event("quota_exhausted", lease.origin, lease.exit_id,
+                                    f"holding {reset:.2f}s until the quota resets"))
+        return events
+
+    def _raise_was_wrong(self, ostate: OriginState, exit_id: str, now: float) -> bool:
+        """Several exits 429 at the pool's rate soon after it went up: the raise is to blame.
+
+        One exit doing so is an exit with a lower limit (it learns its own); a
+        fifth of the pool (at least two) doing so is the pool's rate being wrong.
+        """
+        if now - ostate.estimate.raised_at > RAISE_TRUST:
+            ostate.suspects.clear()
+            return False
+        ostate.suspects.add(exit_id)
+        if len(ostate.suspects) < max(2, math.ceil(0.2 * len(ostate.pairs))):
+            return False
+        for suspect in ostate.suspects:  # they were not slower: back to the pool's rate
+            ostate.pairs[suspect].own = None
+        ostate.suspects.clear()
+        return True
 
     def banned(self, lease: Lease) -> list[Event]:
         """A 403/block page: this exit is banned by this origin (not everywhere)."""

@@ -1,0 +1,255 @@
+"""The control laws as arithmetic: learned rates, AIMD concurrency, exit health."""
+
+import math
+import random
+
+import pytest
+
+from scrapy_exitlimit.core import (
+    ConcurrencyLimit,
+    ExitHealth,
+    Lease,
+    Limiter,
+    Limits,
+    RateEstimate,
+    Tuning,
+    make_exit,
+)
+
+from .conftest import FakeClock
+
+SITE = "http://site.test"
+
+
+def test_slow_start_doubles_until_the_first_429_then_bisects():
+    est = RateEstimate(2.0)
+    assert est.target() == 4.0
+    est.confirmed(4.0, now=1)
+    assert est.lo == 4.0 and est.target() == 8.0
+    est.rejected(8.0, now=2)  # one 429 at 8 r/s: the limit is between 4 and 8
+    assert (est.lo, est.hi) == (4.0, 8.0)
+    assert est.target() == pytest.approx(math.sqrt(32))
+    est.rejected(est.target(), now=3)
+    assert est.hi == pytest.approx(5.657, abs=1e-3)
+    est.confirmed(est.target(), now=4)
+    assert est.lo == pytest.approx(4.757, abs=1e-3)
+
+
+def test_a_429_below_what_was_clean_drops_to_seventy_percent_of_it():
+    est = RateEstimate(5.0, hi=5.1)
+    est.rejected(4.0, now=1)  # the server's limit went down
+    assert est.hi == 4.0 and est.lo == pytest.approx(2.8)
+
+
+def test_never_below_the_floor_nor_above_the_ceiling():
+    est = RateEstimate(0.1, floor=0.05, ceiling=10)
+    est.rejected(0.01, now=1)
+    assert est.lo == 0.05 and est.hi == 0.05
+    top = RateEstimate(8.0, ceiling=10)
+    assert top.target() == 10
+    top.confirmed(50, now=1)
+    assert top.lo == 10 and top.converged and top.target() == 10
+
+
+def test_converges_within_resolution_then_probes_again_as_the_ceiling_drifts():
+    est = RateEstimate(4.9, hi=5.0)
+    assert est.converged and est.target() == 4.9
+    est.drift(60)  # a minute clean: 0.2 %/s
+    assert est.hi == pytest.approx(5.0 * 1.12)
+    assert not est.converged and est.target() > 4.9
+
+
+def test_a_confirmed_rate_at_or_above_the_ceiling_resumes_slow_start():
+    est = RateEstimate(4.0, hi=5.0)
+    est.confirmed(5.0, now=1)
+    assert est.hi is None and est.target() == 10.0
+
+
+def learner(n=3, clock=None, **tuning):
+    clock = clock or FakeClock(0.0)
+    exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(n)]
+    lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
+                  tuning=Tuning(**{"start_rate": 2.0, **tuning}), rng=random.Random(3))
+    return lim, clock
+
+
+def answer(lim, clock, lease, latency=0.001, status=200, retry_after=1.0):
+    clock.advance(latency)
+    if status == 429:
+        events = lim.rate_limited(lease.origin, lease.exit_id, retry_after, lease)
+    else:
+        events = lim.success(lease, latency)
+    lim.release(lease.id)
+    return events
+
+
+def run(lim, clock, seconds, limit_rate, latency=0.001):
+    """Drive the limiter against a strict per-IP GCRA server at limit_rate; count 429s."""
+    server_tat: dict[str, float] = {}
+    rejected = accepted = 0
+    end = clock.now + seconds
+    while clock.now < end:
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = min(got, end) if math.isfinite(got) else clock.now + 0.01
+            continue
+        tat = server_tat.get(got.exit_id, -math.inf)
+        if clock.now >= tat - 1e-9:
+            server_tat[got.exit_id] = max(tat, clock.now) + 1 / limit_rate
+            answer(lim, clock, got, latency)
+            accepted += 1
+        else:
+            answer(lim, clock, got, latency, status=429)
+            rejected += 1
+    return accepted, rejected
+
+
+def test_one_scout_probes_while_the_others_hold_the_known_clean_rate():
+    lim, clock = learner(3)
+    leases = [lim.try_admit(SITE) for _ in range(3)]
+    ostate = lim.origin_state(SITE)
+    assert ostate.scout == leases[0].exit_id
+    assert [lease.rate for lease in leases] == [4.0, 2.0, 2.0]
+
+
+def test_the_pool_learns_a_strict_limit_once_and_stays_just_under_it():
+    lim, clock = learner(5)
+    accepted, rejected = run(lim, clock, 30.0, limit_rate=5.0)
+    est = lim.origin_state(SITE).estimate
+    assert 4.6 <= est.lo <= 5.2
+    # the pool paid for discovery a few times, not once per exit per probe
+    assert rejected <= 8
+    assert accepted >= 0.9 * 5 * 5 * 30
+
+
+def test_a_slower_exit_learns_its_own_limit():
+    lim, clock = learner(2)
+    # exit 1's IP is allowed only 1 r/s: simulate by a per-exit server
+    server = {"127.0.0.1:9000": 5.0, "127.0.0.1:9001": 1.0}
+    tat: dict[str, float] = {}
+    rejected = {k: 0 for k in server}
+    while clock.now < 40:
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got if math.isfinite(got) else clock.now + 0.01
+            continue
+        t = tat.get(got.exit_id, -math.inf)
+        if clock.now >= t - 1e-9:
+            tat[got.exit_id] = max(t, clock.now) + 1 / server[got.exit_id]
+            answer(lim, clock, got)
+        else:
+            rejected[got.exit_id] += 1
+            answer(lim, clock, got, status=429)
+    slow = lim.pair_state(SITE, "127.0.0.1:9001")
+    assert slow.own is not None and 0.6 <= slow.own.lo <= 1.05
+    assert lim.pair_state(SITE, "127.0.0.1:9000").own is None  # still the pool's
+    assert 4.5 <= lim.origin_state(SITE).estimate.lo <= 5.2
+
+
+def test_429s_from_one_congestion_event_decrease_once():
+    lim, clock = learner(1, start_rate=8.0)
+    est = lim.origin_state(SITE).estimate
+    est.hi = 9.0  # bisecting already
+    lim.exits["127.0.0.1:9000"].concurrency.limit = 8
+    lim.pair_state(SITE, "127.0.0.1:9000").proven = True
+    leases = []
+    while len(leases) < 3:  # three in flight, none answered yet
+        got = lim.try_admit(SITE)
+        if isinstance(got, Lease):
+            leases.append(got)
+        else:
+            clock.now = got
+    lim.rate_limited(SITE, leases[0].exit_id, 1.0, leases[0])
+    after_first = (est.lo, est.hi)
+    assert after_first != (8.0, 9.0)
+    for lease in leases[1:]:  # sent before the first 429 came back: the same event
+        lim.rate_limited(SITE, lease.exit_id, 1.0, lease)
+    assert (est.lo, est.hi) == after_first
+
+
+def test_breaker_opens_after_a_streak_and_half_opens_with_one_probe():
+    lim, clock = learner(1, breaker_after=3, breaker_cooldown=30.0)
+    pair = lim.pair_state(SITE, "127.0.0.1:9000")
+    events = []
+    for _ in range(3):
+        events += lim.rate_limited(SITE, "127.0.0.1:9000", 1.0)
+    assert [e.kind for e in events].count("breaker_open") == 1
+    assert pair.cooldown_until >= 30.0 and pair.half_open
+    clock.now = pair.cooldown_until + 1
+    probe = lim.try_admit(SITE)
+    assert isinstance(probe, Lease)
+    assert lim.try_admit(SITE) == math.inf  # one probe at a time while half-open
+    assert [e.kind for e in lim.success(probe, 0.01)] == ["recovered"]
+    assert not pair.half_open and pair.streak_429 == 0
+
+
+def test_a_ban_is_per_pair_and_ends_with_a_probe():
+    clock = FakeClock(0.0)
+    exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(2)]
+    lim = Limiter(exits, Limits(rate=100.0), clock=clock, tuning=Tuning(ban_cooldown=60))
+    lease = lim.try_admit(SITE)
+    lim.banned(lease)
+    lim.release(lease.id)
+    clock.advance(1)
+    assert lim.try_admit(SITE).exit_id != lease.exit_id
+    assert isinstance(lim.try_admit("http://other.test"), Lease)  # not banned elsewhere
+    assert lim.usable_exits(SITE) == 1
+    assert lim.pair_state(SITE, lease.exit_id).banned_until == 60.0
+
+
+def test_proxy_faults_evict_then_one_probe_reanimates_with_backoff():
+    h = ExitHealth(evict_after=3, backoff=10, max_backoff=300)
+    assert not h.fault(0) and not h.fault(1)
+    assert h.fault(2) and h.dead(5) and not h.dead(12.1)
+    assert h.suspect
+    assert h.fault(13)  # the probe failed: out again, twice as long
+    assert h.dead_until == 13 + 20
+    h.success()
+    assert not h.suspect and h.faults == 0
+
+
+def test_concurrency_grows_only_when_used_and_halves_on_faults():
+    c = ConcurrencyLimit(ceiling=8, limit=2)
+    for _ in range(10):
+        c.success(0.01, was_full=False)
+    assert c.limit == 2  # never used to the full: no reason to grow
+    assert [c.success(0.01, was_full=True) for _ in range(2)][-1] == "increase"
+    assert c.limit == 3
+    for _ in range(3):
+        c.success(0.01, was_full=True)
+    assert c.limit == 4
+    assert c.fault() and c.limit == 2
+    assert not c.fault()  # once per round of answers
+    for _ in range(100):
+        c.success(0.01, was_full=True)
+    assert c.limit == 8  # ceiling
+
+
+def test_latency_knee_decreases_concurrency():
+    c = ConcurrencyLimit(ceiling=8, limit=8)
+    for _ in range(20):
+        c.success(0.05, was_full=False)
+    assert c.success(0.6, was_full=True) == "decrease"
+    assert c.limit == 6
+
+
+def test_announced_rate_replaces_learning_and_exhausted_quota_holds():
+    lim, clock = learner(1)
+    lease = lim.try_admit(SITE)
+    lim.announced(lease, 5.0, None, None)
+    pair = lim.pair_state(SITE, lease.exit_id)
+    assert pair.own.lo == 5.0 and pair.own.target() == 5.0
+    lim.announced(lease, None, 0, 3.0)  # no rate stated: nothing to pace by but the reset
+    assert pair.cooldown_until == pytest.approx(3.0)
+
+
+def test_overload_slows_the_origin_as_a_whole_and_recovers():
+    lim, clock = learner(2, start_rate=10.0)
+    lease = lim.try_admit(SITE)
+    lim.overloaded(lease, retry_after=2.0)
+    ostate = lim.origin_state(SITE)
+    assert ostate.budget is not None and ostate.budget.ready_at(clock.now) == pytest.approx(2.0)
+    rate = ostate.budget.rate
+    clock.now = 10.0  # past the no-increase window
+    lim.success(lease, 0.01)
+    assert ostate.budget is None or ostate.budget.rate == pytest.approx(rate * 1.02)
