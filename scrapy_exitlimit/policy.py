@@ -80,8 +80,17 @@ class ResponsePolicy:
         return bool(title and _BLOCK_MARKERS.search(title.group(1)))
 
     def classify_exception(self, request: Request, exception: BaseException) -> Signal:
-        from scrapy.core.downloader.handlers.http11 import TunnelError
-
-        if isinstance(exception, (TunnelError, *_PROXY_EXCEPTIONS)):
+        if isinstance(exception, _proxy_exceptions()):
             return Signal.PROXY_FAULT
         return Signal.OTHER
+
+
+def _proxy_exceptions() -> tuple[type[BaseException], ...]:
+    """Twisted's errors plus the ones Scrapy >= 2.19 wraps them in (when it has them)."""
+    from scrapy import exceptions
+    from scrapy.core.downloader.handlers.http11 import TunnelError
+
+    names = ("DownloadConnectionRefusedError", "DownloadTimeoutError", "DownloadFailedError",
+             "ResponseDataLossError")
+    wrapped = tuple(getattr(exceptions, n) for n in names if hasattr(exceptions, n))
+    return (TunnelError, *_PROXY_EXCEPTIONS, *wrapped)

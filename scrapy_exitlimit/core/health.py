@@ -88,7 +88,9 @@ class ExitHealth:
     def fault(self, now: float) -> bool:
         """A proxy fault; True when it evicts the exit."""
         self.faults += 1
-        if self.faults >= self.evict_after or (self.evictions and self.faults > 0):
+        if self.dead(now):
+            return False  # a request sent before the eviction: already counted
+        if self.faults >= self.evict_after or self.evictions:
             wait = min(self.backoff * 2**self.evictions, self.max_backoff)
             self.evictions += 1
             self.dead_until = now + wait

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -104,6 +105,10 @@ class OriginState:
     scout: str | None = None  # the one pair probing above what is known clean
     scout_since: float = -math.inf
     overloaded_until: float = -math.inf  # 503: no budget increase before this
+    #: admission times over the last second or two: the origin's actual rate
+    admissions: deque[float] = field(default_factory=deque)
+    overload_at: float = -math.inf  # the last 503 decrease
+    first_admission: float = math.inf
     #: exits that 429'd at the pool's rate since it last went up
     suspects: set[str] = field(default_factory=set)
     last_estimate_tick: float = -math.inf
@@ -262,6 +267,11 @@ class Limiter:
         paced = now - pair.last_admit <= pair.bucket.interval * 1.25 + 0.002
         pair.bucket.consume(now)
         pair.last_admit = now
+        if not ostate.admissions and not math.isfinite(ostate.first_admission):
+            ostate.first_admission = now
+        ostate.admissions.append(now)
+        while now - ostate.admissions[0] > 2.0:
+            ostate.admissions.popleft()
         pair.in_flight += 1
         estate.in_flight += 1
         lease = Lease(next(self._lease_ids), origin, exit_id, now, pair.bucket.rate, paced,
@@ -508,43 +518,50 @@ class Limiter:
         hold = self.tuning.ban_cooldown * 2 ** (pair.bans - 1)
         pair.banned_until = max(pair.banned_until, now + min(hold, 86400.0))
         pair.half_open = True  # after the ban, one probe first
-        return [Event("ban", lease.origin, lease.exit_id,
+        return [Event("pair_banned", lease.origin, lease.exit_id,
                       f"banned for {pair.banned_until - now:.0f}s")]
 
     def overloaded(self, lease: Lease, retry_after: float | None) -> list[Event]:
-        """A 503: the origin as a whole is overloaded; slow its budget, honour Retry-After."""
+        """A 503: the origin as a whole is overloaded; slow its budget, honour Retry-After.
+
+        Once per congestion event (503s to requests sent before the last
+        decrease count once): the budget drops to half the rate the origin was
+        actually admitted at over the last second, and holds for Retry-After;
+        no increase before twice that has passed.
+        """
         now = self.clock()
         t = self.tuning
         ostate = self.origin_state(lease.origin)
-        recent = self._origin_rate(ostate, now)
+        if lease.admitted_at <= ostate.overload_at:
+            return []
+        ostate.overload_at = now
+        new_rate = max(self._admitted_rate(ostate, now) * t.overload_backoff, t.min_rate)
         if ostate.budget is None:
-            ostate.budget = TokenBucket(max(recent * t.overload_backoff, t.min_rate), 1)
-        elif now >= ostate.overloaded_until:  # once per event
+            ostate.budget = TokenBucket(new_rate, 1, t.margin)
+        else:
             ostate.budget.set_rate(max(ostate.budget.rate * t.overload_backoff, t.min_rate))
         hold = retry_after if retry_after is not None else 1.0
-        ostate.overloaded_until = max(ostate.overloaded_until, now + max(hold, 1.0) * 2)
-        ostate.budget.hold_until(now + (retry_after or 0.0))
-        return [Event("overload", lease.origin, None,
+        ostate.overloaded_until = now + max(hold, 1.0) * 2
+        ostate.budget.hold_until(now + max(hold, 0.0))
+        return [Event("origin_slowed", lease.origin, None,
                       f"origin budget {ostate.budget.rate:.3g} r/s, paused {hold:.1f}s")]
 
-    def _origin_rate(self, ostate: OriginState, now: float) -> float:
-        """Roughly how fast this origin was being admitted: sum of its pairs' pacing rates."""
-        rates = [p.bucket.rate for eid, p in ostate.pairs.items()
-                 if now - p.last_admit < 2.0]
-        return sum(rates) if rates else self.tuning.start_rate
+    @staticmethod
+    def _admitted_rate(ostate: OriginState, now: float) -> float:
+        """Requests/s admitted for the origin over the last second (or since it started)."""
+        recent = [at for at in ostate.admissions if now - at <= 1.0]
+        if not recent:
+            return 0.0
+        return len(recent) / max(now - ostate.first_admission, 0.1, min(1.0, now - recent[0]))
 
     def _recover_budget(self, ostate: OriginState, now: float) -> None:
-        """A learned origin budget grows back 2% per clean answer, until unnecessary."""
+        """A learned origin budget grows back about +1 r/s per second while clean (2 % per
+        answer when fast), up to the configured origin rate or the pool's top rate."""
         ol = self.limits.origin(ostate.key)
         budget = ostate.budget
         assert budget is not None
-        new = budget.rate * 1.02
-        if ol.rate is not None:
-            budget.set_rate(min(new, ol.rate))
-        elif new > 2 * self._origin_rate(ostate, now):
-            ostate.budget = None  # no longer the limit: drop it
-        else:
-            budget.set_rate(new)
+        top = ol.rate if ol.rate is not None else self.tuning.max_rate * len(self.exits)
+        budget.set_rate(min(budget.rate + max(0.02 * budget.rate, 1.0 / budget.rate), top))
 
     def proxy_fault(self, lease: Lease | None, exit_id: str) -> list[Event]:
         """Refused connection, failed CONNECT, timeout, 407...: the exit's health."""
