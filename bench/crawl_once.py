@@ -41,6 +41,9 @@ def strategy_settings(name: str, exits: list[str], rate: float) -> dict:
     if name == "exitlimit":
         return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits,
                 "EXITLIMIT_RATE": rate}
+    if name == "exitlimit-high":
+        return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits,
+                "EXITLIMIT_RATE": 1000}
     if name == "exitlimit-learned":
         return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits}
     raise SystemExit(f"unknown strategy {name!r}")

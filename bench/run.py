@@ -19,7 +19,17 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STRATEGIES = ["random-proxy", "autothrottle", "global-delay", "exitlimit"]
+STRATEGIES = ["random-proxy", "autothrottle", "global-delay", "exitlimit", "exitlimit-learned"]
+#: scenario -> (extra lab arguments, healthy capacity in r/s as a function of args, strategies)
+SCENARIOS = {
+    # 10 exits x 5 r/s per IP, no burst, 429 + Retry-After 1
+    "foundation": ([], lambda a: a.exits * a.rate, STRATEGIES),
+    # 2 exits limited to 1 r/s, 1 banned (403 to everything), 1 proxy nobody listens on
+    "mixed": (["--slow", "127.0.0.18=1", "127.0.0.19=1", "--ban", "127.0.0.17", "--dead", "1"],
+              lambda a: (a.exits - 3) * a.rate + 2 * 1.0, ["exitlimit-learned", "exitlimit"]),
+    # no limit at all: learned mode against an explicit, high EXITLIMIT_RATE
+    "unlimited": (["--rate", "0"], None, ["exitlimit-high", "exitlimit-learned"]),
+}
 
 
 def lab_call(origin: str, path: str, method: str = "GET") -> dict:
@@ -32,7 +42,8 @@ def lab_call(origin: str, path: str, method: str = "GET") -> dict:
 
 def start_lab(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
     cmd = [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(args.exits),
-           "--rate", str(args.rate), "--burst", "1", "--retry-after", "1"]
+           "--rate", str(args.rate), "--burst", "1", "--retry-after", "1",
+           *SCENARIOS[args.scenario][0]]
     lab = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = lab.stdout.readline()
     if not line:
@@ -62,8 +73,10 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
         events = lab_call(origin, "/_lab/events")
         (Path(args.events) / f"{name}.json").write_text(json.dumps(events))
     responses = totals["arrivals"]
-    ideal = result["ok"] / (args.exits * args.rate)  # goodput: lost pages earn nothing
+    capacity = SCENARIOS[args.scenario][1]
+    ideal = result["ok"] / capacity(args) if capacity else 0.0  # lost pages earn nothing
     result.update(
+        pages_per_s=result["ok"] / result["wall"],
         lost=pages - result["ok"],
         responses=responses,
         share_429=(totals["status"].get("429", 0) / responses) if responses else 0.0,
@@ -80,28 +93,37 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=500)
     ap.add_argument("--global-delay-pages", type=int, default=100)
     ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="foundation")
+    ap.add_argument("--strategies", help="comma-separated (default: the scenario's)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--events", metavar="DIR", help="save the origin's arrivals per strategy")
     args = ap.parse_args()
+    strategies = args.strategies.split(",") if args.strategies else SCENARIOS[args.scenario][2]
     lab, info = start_lab(args)
     rows = []
     try:
-        for name in args.strategies.split(","):
+        for name in strategies:
             rows.append(run_strategy(name, info, args))
             r = rows[-1]
             print(f"  {name}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s", file=sys.stderr)
     finally:
         lab.terminate()
         lab.wait(10)
-    print(f"\n{args.exits} exits x {args.rate:g} r/s per IP (no burst), Retry-After 1\n")
+    capacity = SCENARIOS[args.scenario][1]
+    limit = f"{args.rate:g} r/s per IP (no burst), Retry-After 1" if capacity else "no limit"
+    print(f"\nscenario {args.scenario}: {args.exits} exits, {limit}"
+          + (f", healthy capacity {capacity(args):g} r/s" if capacity else "") + "\n")
     header = f"{'strategy':<18} {'pages':>6} {'lost':>6} {'429 share':>10} {'req/page':>9} " \
-             f"{'wall s':>7} {'utilization':>12}"
+             f"{'wall s':>7} {'pages/s':>8} {'utilization':>12}"
     print(header)
     print("-" * len(header))
     for r in rows:
+        util = f"{r['utilization']:>12.3f}" if capacity else f"{'-':>12}"
         print(f"{r['strategy']:<18} {r['pages']:>6} {r['lost']:>6} {r['share_429']:>10.2%} "
-              f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['utilization']:>12.3f}")
+              f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['pages_per_s']:>8.1f} {util}")
+    if not capacity and len(rows) == 2:
+        print(f"\nthroughput ratio {rows[1]['strategy']} / {rows[0]['strategy']}: "
+              f"{rows[1]['pages_per_s'] / rows[0]['pages_per_s']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

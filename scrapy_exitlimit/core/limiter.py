@@ -69,6 +69,7 @@ class PairState:
     bans: int = 0
     last_admit: float = -math.inf
     confirmations: int = 0
+    confirmed_rate: float = math.inf  # the lowest achieved rate in the current streak
     last_success: float = -math.inf
 
     @property
@@ -124,6 +125,7 @@ class Lease:
     admitted_at: float
     rate: float  # the pair's pacing rate at admission
     paced: bool  # admitted right on the pair's schedule (the pair was busy)
+    gap: float  # time since the pair's previous admission
     was_full: bool  # this lease filled the exit's limit
 
 
@@ -261,10 +263,11 @@ class Limiter:
         if (pair.own is None and ostate.scout is None
                 and ostate.estimate.target() > ostate.estimate.lo):
             ostate.scout, ostate.scout_since = exit_id, now
-            pair.confirmations = 0
+            pair.confirmations, pair.confirmed_rate = 0, math.inf
             self._sync_rate(ostate, exit_id, pair)
         # "paced": sent as soon as the pair's schedule allowed, i.e. demand was there
-        paced = now - pair.last_admit <= pair.bucket.interval * 1.25 + 0.002
+        gap = now - pair.last_admit
+        paced = gap <= pair.bucket.interval * 1.25 + 0.002
         pair.bucket.consume(now)
         pair.last_admit = now
         if not ostate.admissions and not math.isfinite(ostate.first_admission):
@@ -274,7 +277,7 @@ class Limiter:
             ostate.admissions.popleft()
         pair.in_flight += 1
         estate.in_flight += 1
-        lease = Lease(next(self._lease_ids), origin, exit_id, now, pair.bucket.rate, paced,
+        lease = Lease(next(self._lease_ids), origin, exit_id, now, pair.bucket.rate, paced, gap,
                       estate.in_flight >= estate.limit)
         self.leases[lease.id] = lease
         return lease
@@ -384,17 +387,19 @@ class Limiter:
         est = pair.own if own else ostate.estimate
         assert est is not None
         probing = own or ostate.scout == lease.exit_id
-        if not probing or not lease.paced or lease.rate <= est.lo * (1 + 1e-9):
-            return []
-        if lease.admitted_at < est.changed_at:
+        # what the pair really achieved: its pacing rate, or less when something else
+        # (its concurrency, latency, demand) spaced the requests wider
+        achieved = lease.rate if lease.paced else min(lease.rate, 1.0 / max(lease.gap, 1e-6))
+        if not probing or achieved <= est.lo * (1 + 1e-9) or lease.admitted_at < est.changed_at:
             return []
         pair.confirmations += 1
+        pair.confirmed_rate = min(pair.confirmed_rate, achieved)
         needed = CONFIRMATIONS if est.hi is None else CONFIRMATIONS_NEAR_CEILING
         if pair.confirmations < needed:
             return []
-        pair.confirmations = 0
+        confirmed, pair.confirmations, pair.confirmed_rate = pair.confirmed_rate, 0, math.inf
         before = est.lo
-        est.confirmed(lease.rate, now)
+        est.confirmed(confirmed, now)
         if not own:
             ostate.scout = None
         # a pair that learned its own limit rejoins the pool's once it reaches it
@@ -421,7 +426,7 @@ class Limiter:
         pair = self.pair_state(origin, exit_id)
         until = now + retry_after * (1.0 + self.rng.uniform(0.0, t.jitter))
         pair.streak_429 += 1
-        pair.confirmations = 0
+        pair.confirmations, pair.confirmed_rate = 0, math.inf
         if pair.half_open or pair.streak_429 >= t.breaker_after:
             pair.breaker_opened += 1
             pair.half_open = True
@@ -434,9 +439,9 @@ class Limiter:
         events.append(Event("cooldown", origin, exit_id, f"{pair.cooldown_until - now:.2f}s"))
         if lease is None:
             return events
-        # the rate actually admitted just before it: the pacing rate, or less if idle
-        gap = now - lease.admitted_at
-        measured = lease.rate if lease.paced else min(lease.rate, 1.0 / max(gap, 1e-3))
+        # the pair's pacing rate when it was sent: the admission gap says little here, as
+        # requests in flight together reach the server closer than they were admitted
+        measured = lease.rate
         pool = ostate.estimate
         if pair.own is not None:
             est = pair.own
