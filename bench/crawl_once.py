@@ -60,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     exits = args.exits.split(",")
     settings = {
-        "LOG_LEVEL": "WARNING",
+        "LOG_LEVEL": __import__("os").environ.get("BENCH_LOG", "WARNING"),
         "TELNETCONSOLE_ENABLED": False,
         "ROBOTSTXT_OBEY": False,
         "CLOSESPIDER_TIMEOUT": args.timeout,

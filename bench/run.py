@@ -86,6 +86,14 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
     return result
 
 
+def median_row(results: list[dict]) -> dict:
+    """The run with the median wall time (the whole row, so its numbers belong together)."""
+    ordered = sorted(results, key=lambda r: r["wall"])
+    row = dict(ordered[len(ordered) // 2])
+    row["runs"] = len(results)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exits", type=int, default=10)
@@ -95,23 +103,28 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="foundation")
     ap.add_argument("--strategies", help="comma-separated (default: the scenario's)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per strategy, alternating; the table shows the median run")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--events", metavar="DIR", help="save the origin's arrivals per strategy")
     args = ap.parse_args()
     strategies = args.strategies.split(",") if args.strategies else SCENARIOS[args.scenario][2]
     lab, info = start_lab(args)
-    rows = []
+    runs: dict[str, list[dict]] = {name: [] for name in strategies}
     try:
-        for name in strategies:
-            rows.append(run_strategy(name, info, args))
-            r = rows[-1]
-            print(f"  {name}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s", file=sys.stderr)
+        for _ in range(args.repeat):  # alternating, so drift on the machine hits all alike
+            for name in strategies:
+                r = run_strategy(name, info, args)
+                runs[name].append(r)
+                print(f"  {name}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s",
+                      file=sys.stderr)
     finally:
         lab.terminate()
         lab.wait(10)
+    rows = [median_row(runs[name]) for name in strategies]
     capacity = SCENARIOS[args.scenario][1]
     limit = f"{args.rate:g} r/s per IP (no burst), Retry-After 1" if capacity else "no limit"
-    print(f"\nscenario {args.scenario}: {args.exits} exits, {limit}"
+    print(f"\nscenario {args.scenario}: {args.exits} exits, {limit}, median of {args.repeat}"
           + (f", healthy capacity {capacity(args):g} r/s" if capacity else "") + "\n")
     header = f"{'strategy':<18} {'pages':>6} {'lost':>6} {'429 share':>10} {'req/page':>9} " \
              f"{'wall s':>7} {'pages/s':>8} {'utilization':>12}"

@@ -35,10 +35,14 @@ def test_slow_start_doubles_until_the_first_429_then_bisects():
     assert est.lo == pytest.approx(4.757, abs=1e-3)
 
 
-def test_a_429_below_what_was_clean_drops_to_seventy_percent_of_it():
+def test_a_lone_429_below_what_was_clean_backs_off_gently_a_streak_hard():
     est = RateEstimate(5.0, hi=5.1)
-    est.rejected(4.0, now=1)  # the server's limit went down
-    assert est.hi == 4.0 and est.lo == pytest.approx(2.8)
+    est.rejected(4.0, now=1)  # one 429: maybe noise at the edge, maybe a lower limit
+    assert est.hi == 4.0 and est.lo == pytest.approx(4.0 * 0.94)
+    est.rejected(3.76, now=2, streak=2)  # again, no success between: it is lower
+    assert est.lo == pytest.approx(3.76 * 0.7)
+    est.rejected(est.lo, now=3, streak=5)
+    assert est.lo == pytest.approx(3.76 * 0.7 * 0.5)
 
 
 def test_never_below_the_floor_nor_above_the_ceiling():

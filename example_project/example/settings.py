@@ -15,6 +15,7 @@ ADDONS = {"scrapy_exitlimit.Addon": 100}
 # they are never logged). `python -m scrapy_exitlimit.demo` passes the lab's exits.
 EXITLIMIT_EXITS = os.environ.get("EXITLIMIT_EXITS", "exits.txt")
 
-# What the origin allows each exit IP, and how many requests one exit carries at once.
+# What the origin allows each exit IP (leave it unset to have it learned from the
+# server's 429s), and at most how many requests one exit carries at once.
 EXITLIMIT_RATE = 5
-EXITLIMIT_CONCURRENCY = 4
+EXITLIMIT_CONCURRENCY = 8

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 GROWTH = 2.0
 #: stop probing once the gap between known-clean and known-rejected is this small
 RESOLUTION = 0.03
-#: after a 429 below what was thought clean, restart that far under it
-BACKOFF = 0.7
+#: after a 429 at or below what was thought clean, restart this far under it: gently
+#: for a lone 429 (near a converged limit, timing noise), hard when 429s come in a row
+BACKOFF_BY_STREAK = (0.94, 0.7, 0.5)
 #: a known ceiling is forgotten this fast while clean (per second): the server's
 #: limit may have been raised, so probing resumes now and then
 CEILING_DRIFT = 0.002
@@ -61,15 +62,21 @@ class RateEstimate:
                 self.hi = None  # the limit was raised: slow start again from here
             self.changed_at = self.raised_at = now
 
-    def rejected(self, rate: float, now: float) -> None:
-        """A 429 at ``rate`` (what was actually admitted just before it)."""
+    def rejected(self, rate: float, now: float, streak: int = 1) -> None:
+        """A 429 at ``rate`` (what was actually admitted just before it), the
+        ``streak``-th in a row without a success in between."""
         rate = max(rate, self.floor)
         self.hi = rate if self.hi is None else min(self.hi, rate)
         if self.lo >= self.hi:  # what we thought clean is not: the limit is lower
-            self.lo = max(self.hi * BACKOFF, self.floor)
+            self.lo = max(self.hi * backoff(streak), self.floor)
         self.changed_at = now
+
 
     def drift(self, seconds: float) -> None:
         """Forget the ceiling slowly while clean."""
         if self.hi is not None and seconds > 0:
             self.hi *= 1 + CEILING_DRIFT * seconds
+
+
+def backoff(streak: int) -> float:
+    return BACKOFF_BY_STREAK[min(max(streak, 1), len(BACKOFF_BY_STREAK)) - 1]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .bucket import TokenBucket
 from .exits import Exit
 from .health import ConcurrencyLimit, ExitHealth
-from .learning import BACKOFF, RateEstimate
+from .learning import RESOLUTION, RateEstimate, backoff
 from .limits import Limits
 
 Clock = Callable[[], float]
@@ -23,7 +23,7 @@ LATENCY_FORGET = 0.02
 #: clean answers at a probed rate, with the pair really pacing, that confirm it:
 #: few in slow start (far from any known ceiling), more when bisecting near one
 CONFIRMATIONS = 2
-CONFIRMATIONS_NEAR_CEILING = 5
+CONFIRMATIONS_NEAR_CEILING = 3
 #: a 429 at the pool's rate this soon after it was raised blames the raise, not the exit
 RAISE_TRUST = 10.0
 #: a scout that has not settled its probe in this many intervals hands it on
@@ -57,6 +57,9 @@ class PairState:
     own: RateEstimate | None = None
     cooldown_until: float = -math.inf
     streak_429: int = 0
+    #: 429s since the last success at the pair's pacing rate (a success right after a
+    #: cooldown proves nothing about the rate): how hard the next decrease is
+    rate_streak: int = 0
     in_flight: int = 0
     #: no answer seen yet: the first request may sit behind a cold connection and
     #: reach the server late, so the second one would land too close behind it
@@ -192,7 +195,9 @@ class Limiter:
             ol = self.limits.origin(origin)
             budget = TokenBucket(ol.rate, ol.burst) if ol.rate is not None else None
             t = self.tuning
-            estimate = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate)
+            # the start rate is a guess, not knowledge: 429s at it blame the pool, as a raise
+            estimate = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate,
+                                    raised_at=self.clock())
             state = self.origins[origin] = OriginState(origin, budget, estimate)
         return state
 
@@ -361,6 +366,8 @@ class Limiter:
         pair = self.pair_state(lease.origin, lease.exit_id)
         estate = self.exits[lease.exit_id]
         pair.streak_429 = 0
+        if lease.paced:
+            pair.rate_streak = 0
         pair.last_success = now
         if pair.half_open or pair.breaker_opened or pair.bans:
             if pair.half_open:
@@ -389,7 +396,7 @@ class Limiter:
         probing = own or ostate.scout == lease.exit_id
         # what the pair really achieved: its pacing rate, or less when something else
         # (its concurrency, latency, demand) spaced the requests wider
-        achieved = lease.rate if lease.paced else min(lease.rate, 1.0 / max(lease.gap, 1e-6))
+        achieved = min(lease.rate, 1.0 / max(lease.gap, 1e-6))
         if not probing or achieved <= est.lo * (1 + 1e-9) or lease.admitted_at < est.changed_at:
             return []
         pair.confirmations += 1
@@ -404,7 +411,7 @@ class Limiter:
             ostate.scout = None
         # a pair that learned its own limit rejoins the pool's once it reaches it
         learned = self.limits.pair(lease.origin, lease.exit_id).rate is None
-        if own and learned and est.lo >= ostate.estimate.lo:
+        if own and learned and est.lo >= ostate.estimate.lo * (1 - 2 * RESOLUTION):
             pair.own = None
         return [Event("rate_up", lease.origin, lease.exit_id if own else None,
                       f"{before:.3g} -> {est.lo:.3g} r/s")]
@@ -426,6 +433,7 @@ class Limiter:
         pair = self.pair_state(origin, exit_id)
         until = now + retry_after * (1.0 + self.rng.uniform(0.0, t.jitter))
         pair.streak_429 += 1
+        pair.rate_streak += 1
         pair.confirmations, pair.confirmed_rate = 0, math.inf
         if pair.half_open or pair.streak_429 >= t.breaker_after:
             pair.breaker_opened += 1
@@ -456,7 +464,7 @@ class Limiter:
             # the pool's known-clean rate is too fast for this exit: it learns its own
             est = pair.own = RateEstimate(measured, floor=t.min_rate,
                                           ceiling=ostate.estimate.ceiling)
-            est.lo = max(est.floor, measured * BACKOFF)
+            est.lo = max(est.floor, measured * backoff(pair.rate_streak))
             est.hi = measured
             est.changed_at = now
             events.append(Event("rate_down", origin, exit_id,
@@ -465,7 +473,7 @@ class Limiter:
         if lease.admitted_at < est.changed_at:
             return events  # same congestion event as an earlier 429
         before = est.lo
-        est.rejected(measured, now)
+        est.rejected(measured, now, pair.rate_streak)
         events.append(Event("rate_down", origin, None if est is ostate.estimate else exit_id,
                             f"429 at {measured:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                             f"ceiling {est.hi:.3g}"))
