@@ -73,7 +73,6 @@ class PairState:
     last_admit: float = -math.inf
     confirmations: int = 0
     confirmed_rate: float = math.inf  # the lowest achieved rate in the current streak
-    last_success: float = -math.inf
 
     @property
     def single_file(self) -> bool:
@@ -160,8 +159,6 @@ class Limiter:
         *,
         clock: Clock,
         tuning: Tuning | None = None,
-        margin: float | None = None,
-        jitter: float | None = None,
         rng: random.Random | None = None,
     ) -> None:
         if not exits:
@@ -169,10 +166,6 @@ class Limiter:
         self.limits = limits
         self.clock = clock
         self.tuning = tuning or Tuning()
-        if margin is not None:
-            self.tuning.margin = margin
-        if jitter is not None:
-            self.tuning.jitter = jitter
         self.rng = rng or random.Random()
         t = self.tuning
         self.exits: dict[str, ExitState] = {
@@ -368,7 +361,6 @@ class Limiter:
         pair.streak_429 = 0
         if lease.paced:
             pair.rate_streak = 0
-        pair.last_success = now
         if pair.half_open or pair.breaker_opened or pair.bans:
             if pair.half_open:
                 events.append(Event("recovered", lease.origin, lease.exit_id, "probe succeeded"))
