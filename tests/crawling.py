@@ -7,6 +7,7 @@ from typing import Any
 import scrapy
 from scrapy.utils.test import get_crawler
 
+from scrapy_exitlimit.lab import Lab
 from scrapy_exitlimit.lab.spider import PagesSpider
 
 QUIET = {
@@ -21,4 +22,19 @@ async def crawl(settings: dict[str, Any], base: str, pages: int,
                 spidercls: type[scrapy.Spider] = PagesSpider):
     crawler = get_crawler(spidercls, {**QUIET, **settings})
     await crawler.crawl(base=base, pages=pages)
+    return crawler
+
+
+async def crawl_lab(lab: Lab, settings: dict[str, Any], pages: int,
+                    spidercls: type[scrapy.Spider] = PagesSpider):
+    """Start the lab, crawl its pages through its exits, stop it; ``crawler.origin`` is
+    the origin's URL (the lab's is gone once stopped)."""
+    await lab.start()
+    origin = lab.origin_url
+    try:
+        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, **settings}, origin, pages,
+                              spidercls)
+    finally:
+        await lab.stop()
+    crawler.origin = origin
     return crawler

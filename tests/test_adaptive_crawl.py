@@ -7,7 +7,7 @@ import pytest_twisted
 from scrapy_exitlimit.lab import IPRule, Lab, OriginConfig
 from scrapy_exitlimit.middleware import CLOSE_REASON_NO_EXITS, ExitLimitMiddleware
 
-from .crawling import crawl
+from .crawling import crawl_lab
 
 
 def middleware(crawler) -> ExitLimitMiddleware:
@@ -15,21 +15,10 @@ def middleware(crawler) -> ExitLimitMiddleware:
                 if isinstance(m, ExitLimitMiddleware))
 
 
-async def run(lab: Lab, settings: dict, pages: int):
-    await lab.start()
-    origin = lab.origin_url
-    try:
-        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, **settings}, origin, pages)
-    finally:
-        await lab.stop()
-    crawler.origin = origin
-    return crawler
-
-
 @pytest_twisted.ensureDeferred
 async def test_learns_an_unknown_limit_without_losing_pages():
     lab = Lab(exits=3, origin=OriginConfig(rate=10, burst=1))
-    crawler = await run(lab, {"EXITLIMIT_START_RATE": 4}, 90)
+    crawler = await crawl_lab(lab, {"EXITLIMIT_START_RATE": 4}, 90)
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 90 and not crawler.spider.failed
     assert stats.get("exitlimit/reissued", 0) == lab.origin.total(429)
@@ -44,7 +33,7 @@ async def test_learns_an_unknown_limit_without_losing_pages():
 async def test_a_banned_exit_and_a_dead_proxy_cost_no_page():
     lab = Lab(exits=3, dead_exits=1, origin=OriginConfig(
         rate=None, per_ip={"127.0.0.12": IPRule(ban=True)}))
-    crawler = await run(lab, {"EXITLIMIT_RATE": 30, "EXITLIMIT_EVICT_AFTER": 2}, 40)
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 30, "EXITLIMIT_EVICT_AFTER": 2}, 40)
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 40 and not crawler.spider.failed
     # banned for this origin after one 403: the exit is not asked again
@@ -60,7 +49,7 @@ async def test_an_overloaded_origin_is_slowed_as_a_whole():
     # each IP may go fast, but the origin as a whole takes only 15 r/s and answers 503
     lab = Lab(exits=3, origin=OriginConfig(rate=None, origin_rate=15, origin_status=503,
                                            retry_after=1))
-    crawler = await run(lab, {"EXITLIMIT_RATE": 20}, 30)
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 20}, 30)
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 30 and not crawler.spider.failed
     assert stats["exitlimit/overload"] == lab.origin.total(503) >= 1
@@ -73,7 +62,7 @@ async def test_an_overloaded_origin_is_slowed_as_a_whole():
 @pytest_twisted.ensureDeferred
 async def test_ratelimit_headers_pace_the_pool_before_any_429():
     lab = Lab(exits=2, origin=OriginConfig(rate=10, burst=1, ratelimit_headers=True))
-    crawler = await run(lab, {}, 50)
+    crawler = await crawl_lab(lab, {}, 50)
     assert len(crawler.spider.ok) == 50
     assert lab.origin.total(429) == 0
     assert crawler.stats.get_value("exitlimit/rate_announced") >= 1
@@ -82,7 +71,7 @@ async def test_ratelimit_headers_pace_the_pool_before_any_429():
 @pytest_twisted.ensureDeferred
 async def test_a_slow_exit_carries_less():
     lab = Lab(exits=3, origin=OriginConfig(rate=None, per_ip={"127.0.0.10": IPRule(latency=0.3)}))
-    crawler = await run(lab, {"EXITLIMIT_RATE": 200}, 90)
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 200}, 90)
     ips = lab.origin.stats()["ips"]
     assert len(crawler.spider.ok) == 90
     assert ips["127.0.0.10"]["accepted"] < ips["127.0.0.11"]["accepted"] / 2
@@ -92,7 +81,7 @@ async def test_a_slow_exit_carries_less():
 async def test_when_every_exit_is_banned_requests_fail_visibly_after_the_stall_timeout():
     lab = Lab(exits=2, origin=OriginConfig(rate=None, per_ip={
         "127.0.0.10": IPRule(ban=True), "127.0.0.11": IPRule(ban=True)}))
-    crawler = await run(lab, {"EXITLIMIT_RATE": 50, "EXITLIMIT_STALL_TIMEOUT": 0.5}, 5)
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 50, "EXITLIMIT_STALL_TIMEOUT": 0.5}, 5)
     spider, stats = crawler.spider, crawler.stats.get_stats()
     assert not spider.ok and len(spider.failed) == 5
     assert all("ExitsUnavailable" in reason for reason in spider.failed.values())
@@ -102,7 +91,7 @@ async def test_when_every_exit_is_banned_requests_fail_visibly_after_the_stall_t
 @pytest_twisted.ensureDeferred
 async def test_a_dead_pool_closes_the_spider_with_a_documented_reason():
     lab = Lab(exits=0, dead_exits=2)
-    crawler = await run(lab, {"EXITLIMIT_RATE": 50, "EXITLIMIT_STALL_TIMEOUT": 0.5,
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 50, "EXITLIMIT_STALL_TIMEOUT": 0.5,
                               "EXITLIMIT_EVICT_AFTER": 1, "EXITLIMIT_REANIMATE_AFTER": 60}, 5)
     stats = crawler.stats.get_stats()
     assert stats["finish_reason"] == CLOSE_REASON_NO_EXITS

@@ -10,22 +10,16 @@ from scrapy import signals
 from scrapy_exitlimit.lab import Lab, OriginConfig
 from scrapy_exitlimit.lab.spider import PagesSpider
 
-from .crawling import crawl
+from .crawling import crawl, crawl_lab
 
 
 @pytest_twisted.ensureDeferred
 async def test_no_page_lost_and_no_exit_over_its_limit():
     lab = Lab(exits=3, origin=OriginConfig(rate=10, burst=1))
-    lab.start()
-    try:
-        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 10},
-                              lab.origin_url, 60)
-    finally:
-        await lab.stop()
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 10}, 60)
     spider = crawler.spider
     stats = crawler.stats.get_stats()
     assert len(spider.ok) == 60 and not spider.failed
-    print("EV", [[(round(t,4),s) for t,s in lab.origin.events(ip)] for ip in lab.origin.ips()])
     assert stats["exitlimit/admitted"] == 60
     assert stats["finish_reason"] == "finished"
     origin = lab.origin
@@ -44,14 +38,9 @@ async def test_no_page_lost_and_no_exit_over_its_limit():
 async def test_429s_are_reissued_and_their_cooldown_honoured():
     # the origin allows 4 r/s per IP; we claim 20 r/s: the origin has to push back
     lab = Lab(exits=3, origin=OriginConfig(rate=4, burst=1, retry_after=1))
-    lab.start()
-    try:
-        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 20,
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 20,
                                "EXITLIMIT_CONCURRENCY": 1, "EXITLIMIT_JITTER": 0,
-                               "EXITLIMIT_MAX_RETRIES": 50},
-                              lab.origin_url, 9)
-    finally:
-        await lab.stop()
+                               "EXITLIMIT_MAX_RETRIES": 50}, 9)
     spider, stats = crawler.spider, crawler.stats.get_stats()
     assert len(spider.ok) == 9 and not spider.failed
     rejected = lab.origin.total(429)
@@ -69,14 +58,9 @@ async def test_429s_are_reissued_and_their_cooldown_honoured():
 @pytest_twisted.ensureDeferred
 async def test_spent_retry_budget_is_visible_not_silent():
     lab = Lab(exits=1, origin=OriginConfig(rate=2, burst=1, retry_after=0))
-    lab.start()
-    try:
-        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 50,
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 50,
                                "EXITLIMIT_MAX_RETRIES": 0, "EXITLIMIT_COOLDOWN_MIN": 0.05,
-                               "EXITLIMIT_BREAKER_THRESHOLD": 100},
-                              lab.origin_url, 10)
-    finally:
-        await lab.stop()
+                               "EXITLIMIT_BREAKER_THRESHOLD": 100}, 10)
     spider, stats = crawler.spider, crawler.stats.get_stats()
     assert stats.get("exitlimit/gave_up", 0) > 0
     assert len(spider.ok) + len(spider.failed) == 10
@@ -101,12 +85,7 @@ class TwoKindsSpider(PagesSpider):
 @pytest_twisted.ensureDeferred
 async def test_dont_exitlimit_requests_go_direct():
     lab = Lab(exits=2, origin=OriginConfig(rate=None))
-    lab.start()
-    try:
-        crawler = await crawl({"EXITLIMIT_EXITS": lab.exit_urls, "EXITLIMIT_RATE": 100},
-                              lab.origin_url, 4, TwoKindsSpider)
-    finally:
-        await lab.stop()
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 100}, 4, TwoKindsSpider)
     assert len(crawler.spider.ok) == 5
     assert crawler.stats.get_value("exitlimit/admitted") == 4
     assert "127.0.0.1" in lab.origin.stats()["ips"]  # the direct one left from no exit
