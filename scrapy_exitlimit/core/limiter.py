@@ -20,6 +20,8 @@ Clock = Callable[[], float]
 UNTIL_RELEASE = math.inf
 #: how fast ``PairState.min_latency`` forgets a fast sample (the path may get slower)
 LATENCY_FORGET = 0.02
+#: answers a pair needs before its fastest latency is trusted to bound arrival times
+WARM_ANSWERS = 3
 #: clean answers at a probed rate, with the pair really pacing, that confirm it:
 #: few in slow start (far from any known ceiling), more when bisecting near one
 CONFIRMATIONS = 2
@@ -66,6 +68,7 @@ class PairState:
     proven: bool = False
     #: the fastest admission-to-answer time seen lately (drifts up slowly)
     min_latency: float = math.inf
+    answers: int = 0
     breaker_opened: int = 0  # times the breaker opened without a success since
     half_open: bool = False
     banned_until: float = -math.inf
@@ -341,15 +344,16 @@ class Limiter:
         """
         now = self.clock()
         latency = now - lease.admitted_at
-        if not pair.proven:
-            pair.proven = True
+        pair.proven = True
+        pair.answers += 1
+        if pair.answers == 1:
             pair.min_latency = latency
-            arrived_by = now  # nothing to compare with yet: assume the worst
         else:
             drift = pair.min_latency + LATENCY_FORGET * (latency - pair.min_latency)
             pair.min_latency = min(latency, drift)
-            arrived_by = now - pair.min_latency
-        pair.bucket.arrived(arrived_by)
+        # until a few answers show what "fast" is for this path, assume the worst
+        warm = pair.answers > WARM_ANSWERS
+        pair.bucket.arrived(now - pair.min_latency if warm else now)
 
     def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
         """A clean answer (2xx/3xx, or an ordinary 4xx such as 404)."""
