@@ -16,15 +16,14 @@ from .core import Lease, Limiter
 logger = logging.getLogger(__name__)
 
 
-def _call_later(delay: float, func: Callable[[], Any]) -> Any:
-    """A timer on whatever loop Scrapy runs (asyncio or the Twisted reactor)."""
-    try:
-        from scrapy.utils.asyncio import call_later  # Scrapy >= 2.14
-    except ImportError:  # pragma: no cover - Scrapy 2.13
+try:  # a timer on whatever loop Scrapy runs (asyncio or the Twisted reactor)
+    from scrapy.utils.asyncio import call_later  # Scrapy >= 2.14
+except ImportError:  # pragma: no cover - Scrapy 2.13
+
+    def call_later(delay: float, func: Callable[[], Any]) -> Any:  # type: ignore[misc]
         from twisted.internet import reactor
 
         return reactor.callLater(delay, func)
-    return call_later(delay, func)
 
 
 class HandedBack(Exception):
@@ -78,7 +77,7 @@ class AdmissionQueue:
     def wake(self) -> None:
         """State changed (a lease was released, a cooldown set): look again soon."""
         if self._soon is None and self.parked:
-            self._soon = _call_later(0, self._wake_now)
+            self._soon = call_later(0, self._wake_now)
 
     def _wake_now(self) -> None:
         self._soon = None
@@ -116,7 +115,7 @@ class AdmissionQueue:
             self._timer = None
         self._timer_at = when
         if math.isfinite(when):
-            self._timer = _call_later(max(0.0, when - now), self._fire)
+            self._timer = call_later(max(0.0, when - now), self._fire)
 
     def _fire(self) -> None:
         self._timer = None

@@ -14,7 +14,7 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 
-from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Waiter, _call_later
+from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Waiter, call_later
 from .config import ExitLimitConfig
 from .core import Event, Lease, Limiter, bounded_cooldown, parse_retry_after
 from .core.ratelimit_headers import parse_ratelimit
@@ -109,7 +109,7 @@ class ExitLimitMiddleware:
             self._watch = None
 
     def _schedule_watch(self) -> None:
-        self._watch = _call_later(CLOSE_WATCH_INTERVAL, self._check)
+        self._watch = call_later(CLOSE_WATCH_INTERVAL, self._check)
 
     def _check(self) -> None:
         """Periodic: notice the engine closing (no signal fires before it waits for
