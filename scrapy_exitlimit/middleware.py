@@ -71,7 +71,11 @@ class ExitLimitMiddleware:
         self.stats = crawler.stats
         self.limiter = Limiter(config.exits, config.limits, clock=time.monotonic,
                                tuning=config.tuning, rng=random.Random())
-        policy_cls = load_object(config.policy)
+        try:
+            policy_cls = load_object(config.policy)
+        except (ImportError, NameError, ValueError, AttributeError) as exc:
+            raise ValueError(f"EXITLIMIT_POLICY ({config.policy}) cannot be loaded: {exc}") \
+                from None
         if not (isinstance(policy_cls, type) and issubclass(policy_cls, ResponsePolicy)):
             raise ValueError(f"EXITLIMIT_POLICY ({config.policy}) must be a ResponsePolicy "
                              "subclass")

@@ -6,6 +6,7 @@ import pytest_twisted
 
 from scrapy_exitlimit.lab import IPRule, Lab, OriginConfig
 from scrapy_exitlimit.middleware import CLOSE_REASON_NO_EXITS, ExitLimitMiddleware
+from scrapy_exitlimit.policy import ResponsePolicy
 
 from .crawling import crawl_lab
 
@@ -99,3 +100,21 @@ async def test_a_dead_pool_closes_the_spider_with_a_documented_reason():
     # every page accounted for: failed visibly or handed back to the scheduler
     handed = stats.get("exitlimit/requeued_on_close", 0)
     assert len(crawler.spider.failed) + handed == 5
+
+
+class NoFirstExitPolicy(ResponsePolicy):
+    """A user's block-page hook: pages served to 127.0.0.10 count as blocked."""
+
+    def is_block_page(self, request, response):
+        return b"127.0.0.10" in response.body or super().is_block_page(request, response)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_custom_policy_hooks_in_its_own_block_page_detector():
+    lab = Lab(exits=3, origin=OriginConfig(rate=None))
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 50,
+                                    "EXITLIMIT_POLICY": NoFirstExitPolicy}, 20)
+    stats = crawler.stats.get_stats()
+    assert len(crawler.spider.ok) == 20 and not crawler.spider.failed
+    assert stats["exitlimit/ban"] == stats["exitlimit/pair_banned"] == 1
+    assert lab.origin.stats()["ips"]["127.0.0.10"]["accepted"] == 1  # asked once, then banned

@@ -132,3 +132,15 @@ def test_bad_overrides(name, value, match):
 def test_min_rate_must_not_exceed_max_rate():
     with pytest.raises(ValueError, match="EXITLIMIT_MIN_RATE"):
         config(EXITLIMIT_MIN_RATE=10, EXITLIMIT_MAX_RATE=5)
+
+
+@pytest.mark.parametrize("policy", ["no.such.module.Policy", "scrapy_exitlimit.policy.Nope",
+                                    "scrapy_exitlimit.policy.Signal"])
+def test_a_bad_policy_names_the_setting(policy):
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_exitlimit.middleware import ExitLimitMiddleware
+
+    crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS, "EXITLIMIT_POLICY": policy})
+    with pytest.raises(ValueError, match="EXITLIMIT_POLICY"):
+        ExitLimitMiddleware.from_crawler(crawler)
