@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 #: ceiling of each exit's adaptive in-flight limit
 DEFAULT_CONCURRENCY = 8
+DEFAULT_POLICY = "scrapy_exitlimit.policy.ResponsePolicy"
 
 
 def _number(settings: Any, name: str, *, integer: bool = False, minimum: float | None = None,
@@ -113,15 +114,16 @@ class ExitLimitConfig:
     exits: list[Exit]
     limits: Limits
     tuning: Tuning
-    max_retries: int = 8
-    cooldown_min: float = 0.5
-    cooldown_default: float = 2.0
-    cooldown_max: float = 600.0
-    stall_timeout: float = 120.0
-    stats_per_exit: bool = False
-    debug: bool = False
-    lease_timeout: float = 240.0
-    policy: str = "scrapy_exitlimit.policy.ResponsePolicy"
+    # the _GLUE settings (their defaults live in that table only)
+    max_retries: int
+    cooldown_min: float
+    cooldown_default: float
+    cooldown_max: float
+    stall_timeout: float
+    stats_per_exit: bool
+    debug: bool
+    lease_timeout: float
+    policy: str
 
     @property
     def rate_given(self) -> bool:
@@ -167,7 +169,7 @@ class ExitLimitConfig:
             raise ValueError(f"EXITLIMIT_MIN_RATE ({tuning.min_rate}) must not exceed "
                              f"EXITLIMIT_MAX_RATE ({tuning.max_rate})")
         glue = _read_table(settings, _GLUE)
-        policy = settings.get("EXITLIMIT_POLICY") or cls.policy
+        policy = settings.get("EXITLIMIT_POLICY") or DEFAULT_POLICY
         if not isinstance(policy, str):
             policy = f"{policy.__module__}.{policy.__qualname__}"
         config = cls(

@@ -331,10 +331,11 @@ class ExitLimitMiddleware:
     def process_response(self, request: Request, response: Response,
                          spider: Any = None) -> Request | Response:
         self._release(request)  # a cache hit never reaches the downloader
-        signal = request.meta.get(SIGNAL_KEY)
-        if signal is None or Signal(signal) not in REISSUE:
+        value = request.meta.get(SIGNAL_KEY)
+        signal = Signal(value) if value is not None else None
+        if signal not in REISSUE:
             return response
-        return self._reissue(request, Signal(signal), f"HTTP {response.status}") or response
+        return self._reissue(request, signal, f"HTTP {response.status}") or response
 
     def process_exception(self, request: Request, exception: Exception,
                           spider: Any = None) -> Request | None:
