@@ -7,7 +7,7 @@ import socket
 from http import HTTPStatus
 from typing import Any
 
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -67,3 +67,28 @@ class ConnectionTracker:
         for proto in list(self._open):
             proto.transport.abortConnection()
         return gatherResults(waits)
+
+
+class ListeningServer:
+    """A lab server on 127.0.0.1: its port and URL, and how it stops listening."""
+
+    kind = "server"
+
+    def __init__(self) -> None:
+        self._listening: Any = None
+
+    @property
+    def port(self) -> int:
+        if self._listening is None:
+            raise RuntimeError(f"{self.kind} is not listening")
+        return self._listening.getHost().port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _stop_listening(self) -> list[Deferred[Any]]:
+        if self._listening is None:
+            return []
+        listening, self._listening = self._listening, None
+        return [maybeDeferred(listening.stopListening)]

@@ -18,12 +18,12 @@ from email.utils import formatdate
 from enum import Enum
 from typing import Any
 
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from ._net import ConnectionTracker, reason_phrase
+from ._net import ConnectionTracker, ListeningServer, reason_phrase
 
 logger = logging.getLogger(__name__)
 
@@ -205,8 +205,10 @@ def _route(path: bytes) -> int | None:
     return None
 
 
-class Origin:
+class Origin(ListeningServer):
     """Rate-limited origin server plus the bookkeeping of what it saw."""
+
+    kind = "origin"
 
     def __init__(
         self,
@@ -220,7 +222,7 @@ class Origin:
         self.wallclock = wallclock  # for Date / HTTP-date Retry-After only
         self._t0 = clock()  # recorded times are relative to this, across resets too
         self._conns = ConnectionTracker()
-        self._listening: Any = None
+        super().__init__()
         self.reset()
 
     # -- bookkeeping -------------------------------------------------------------
@@ -281,21 +283,9 @@ class Origin:
         logger.debug("origin listening on %s", self.url)
         return self.port
 
-    @property
-    def port(self) -> int:
-        if self._listening is None:
-            raise RuntimeError("origin is not listening")
-        return self._listening.getHost().port
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def stop(self) -> Deferred[Any]:
         waits = [self._conns.abort_all()]
-        if self._listening is not None:
-            waits.append(maybeDeferred(self._listening.stopListening))
-            self._listening = None
+        waits.extend(self._stop_listening())
         return gatherResults(waits, consumeErrors=True)
 
     def handle(self, request: Request) -> bytes | int:

@@ -23,7 +23,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
-from ._net import ConnectionTracker, is_loopback, reason_phrase
+from ._net import ConnectionTracker, ListeningServer, is_loopback, reason_phrase
 
 logger = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ class _ProxyFactory(Factory):
         return _ClientConnection(self.proxy, self.proxy.connections)
 
 
-class ForwardProxy:
+class ForwardProxy(ListeningServer):
     """An HTTP forward proxy on ``127.0.0.1:<port>`` that connects out from ``bind_ip``.
 
     ``auth``: require ``Proxy-Authorization: Basic`` with these credentials (else 407);
@@ -379,6 +379,8 @@ class ForwardProxy:
     client connections, and ``seen_auth`` holds ``(connection_id, Proxy-Authorization or
     None)`` per request, connection ids counting from 1.
     """
+
+    kind = "proxy"
 
     def __init__(
         self,
@@ -395,7 +397,7 @@ class ForwardProxy:
         self.seen_auth: list[tuple[int, str | None]] = []
         self._expected = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()) if auth else None
         self._conns = ConnectionTracker()
-        self._listening: Any = None
+        super().__init__()
         self._reactor: Any = None
         self._pool: HTTPConnectionPool | None = None
         self._agent: Agent | None = None
@@ -419,21 +421,9 @@ class ForwardProxy:
         self._listening = reactor.listenTCP(port, _ProxyFactory(self), interface=interface)
         return self.port
 
-    @property
-    def port(self) -> int:
-        if self._listening is None:
-            raise RuntimeError("proxy is not listening")
-        return self._listening.getHost().port
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def stop(self) -> Deferred[Any]:
         waits = []
-        if self._listening is not None:
-            waits.append(maybeDeferred(self._listening.stopListening))
-            self._listening = None
+        waits.extend(self._stop_listening())
         # Aborted clients cancel their in-flight upstream requests; then close the idle ones.
         closing = self._conns.abort_all()
         if self._pool is not None:
