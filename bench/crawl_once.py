@@ -26,7 +26,7 @@ class RandomProxyMiddleware:
         request.meta["proxy"] = random.choice(self.exits)
 
 
-def strategy_settings(name: str, exits: list[str], rate: float) -> dict:
+def strategy_settings(name: str, exits: list[str], rate: float, redis_url: str = "") -> dict:
     random_proxy = {
         "BENCH_EXITS": exits,
         "DOWNLOADER_MIDDLEWARES": {__name__ + ".RandomProxyMiddleware": 740},
@@ -46,6 +46,9 @@ def strategy_settings(name: str, exits: list[str], rate: float) -> dict:
                 "EXITLIMIT_RATE": 1000}
     if name == "exitlimit-learned":
         return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits}
+    if name.startswith("exitlimit-redis"):  # the same, with state shared through Redis
+        base = strategy_settings(name.replace("-redis", ""), exits, rate)
+        return {**base, "EXITLIMIT_BACKEND": "redis", "EXITLIMIT_REDIS_URL": redis_url}
     raise SystemExit(f"unknown strategy {name!r}")
 
 
@@ -57,6 +60,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=5.0)
     ap.add_argument("--pages", type=int, default=500)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--first", type=int, default=0, help="number of the first page")
+    ap.add_argument("--redis", default="", help="Redis URL for the exitlimit-redis* strategies")
     args = ap.parse_args()
     exits = args.exits.split(",")
     settings = {
@@ -64,11 +69,11 @@ def main() -> None:
         "TELNETCONSOLE_ENABLED": False,
         "ROBOTSTXT_OBEY": False,
         "CLOSESPIDER_TIMEOUT": args.timeout,
-        **strategy_settings(args.strategy, exits, args.rate),
+        **strategy_settings(args.strategy, exits, args.rate, args.redis),
     }
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PagesSpider)
-    process.crawl(crawler, base=args.origin, pages=args.pages)
+    process.crawl(crawler, base=args.origin, pages=args.pages, first=args.first)
     process.start()
     spider = crawler.spider
     stats = crawler.stats.get_stats()

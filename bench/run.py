@@ -29,6 +29,12 @@ SCENARIOS = {
               lambda a: (a.exits - 3) * a.rate + 2 * 1.0, ["exitlimit-learned", "exitlimit"]),
     # no limit at all: learned mode against an explicit, high EXITLIMIT_RATE
     "unlimited": (["--rate", "0"], None, ["exitlimit-high", "exitlimit-learned"]),
+    # --procs crawl processes at once on the same exits (disjoint pages): state in each
+    # process (exitlimit) against state shared through Redis
+    "shared": ([], lambda a: a.exits * a.rate,
+               ["exitlimit", "exitlimit-redis", "exitlimit-redis-learned"]),
+    # the Redis backend's cost: no limit, memory against Redis, one process
+    "redis-overhead": (["--rate", "0"], None, ["exitlimit-high", "exitlimit-redis-high"]),
 }
 
 
@@ -57,16 +63,23 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
     pages = args.pages
     if name == "global-delay":  # one global delay crawls at 1/exits of the pool: keep it short
         pages = min(pages, args.global_delay_pages)
-    out = subprocess.run(
+    procs = args.procs if args.scenario == "shared" else 1
+    share = pages // procs
+    runs = [subprocess.Popen(
         [sys.executable, str(HERE / "crawl_once.py"), "--strategy", name, "--origin", origin,
          "--exits", ",".join(lab["exit_urls"]), "--rate", str(args.rate),
-         "--pages", str(pages), "--timeout", str(args.timeout)],
-        capture_output=True, text=True, check=False,
-    )
-    if out.returncode != 0:
-        sys.stderr.write(out.stderr[-3000:])
-        raise SystemExit(f"strategy {name} failed")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+         "--pages", str(share if i < procs - 1 else pages - share * i),
+         "--first", str(share * i), "--timeout", str(args.timeout), "--redis", args.redis],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) for i in range(procs)]
+    parts = []
+    for proc in runs:
+        stdout, stderr = proc.communicate()
+        if proc.returncode != 0:
+            sys.stderr.write(stderr[-3000:])
+            raise SystemExit(f"strategy {name} failed")
+        parts.append(json.loads(stdout.strip().splitlines()[-1]))
+    result = merge(parts)
     totals = lab_call(origin, "/_lab/stats")["totals"]
     if args.events:
         Path(args.events).mkdir(exist_ok=True)
@@ -84,6 +97,22 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
         utilization=ideal / result["wall"],
     )
     return result
+
+
+def merge(parts: list[dict]) -> dict:
+    """Processes that crawled at once: their pages add up, the slowest one sets the time."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = dict(parts[0])
+    for key in ("pages", "ok", "failed", "requests"):
+        merged[key] = sum(p[key] for p in parts)
+    merged["wall"] = max(p["wall"] for p in parts)
+    merged["exitlimit"] = {}
+    for p in parts:
+        for k, v in p["exitlimit"].items():
+            if isinstance(v, (int, float)):
+                merged["exitlimit"][k] = merged["exitlimit"].get(k, 0) + v
+    return merged
 
 
 def median_row(results: list[dict]) -> dict:
@@ -107,9 +136,18 @@ def main() -> None:
                     help="runs per strategy, alternating; the table shows the median run")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--events", metavar="DIR", help="save the origin's arrivals per strategy")
+    ap.add_argument("--procs", type=int, default=3, help="crawl processes in scenario shared")
     args = ap.parse_args()
     strategies = args.strategies.split(",") if args.strategies else SCENARIOS[args.scenario][2]
     lab, info = start_lab(args)
+    redis = None
+    args.redis = ""
+    if any("redis" in name for name in strategies):
+        from scrapy_exitlimit.lab.redis_server import RedisServer
+
+        redis = RedisServer()
+        redis.start()
+        args.redis = redis.url
     runs: dict[str, list[dict]] = {name: [] for name in strategies}
     try:
         for _ in range(args.repeat):  # alternating, so drift on the machine hits all alike
@@ -118,9 +156,13 @@ def main() -> None:
                 runs[name].append(r)
                 print(f"  {name}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s",
                       file=sys.stderr)
+                if redis is not None:  # each run learns from scratch
+                    redis.flush()
     finally:
         lab.terminate()
         lab.wait(10)
+        if redis is not None:
+            redis.stop()
     rows = [median_row(runs[name]) for name in strategies]
     capacity = SCENARIOS[args.scenario][1]
     limit = f"{args.rate:g} r/s per IP (no burst), Retry-After 1" if capacity else "no limit"
@@ -134,6 +176,11 @@ def main() -> None:
         util = f"{r['utilization']:>12.3f}" if capacity else f"{'-':>12}"
         print(f"{r['strategy']:<18} {r['pages']:>6} {r['lost']:>6} {r['share_429']:>10.2%} "
               f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['pages_per_s']:>8.1f} {util}")
+    for r in rows:
+        trips = r["exitlimit"].get("exitlimit/redis_round_trips")
+        if trips:
+            print(f"{r['strategy']}: {trips / r['exitlimit']['exitlimit/admitted']:.2f} Redis "
+                  "round trips per admission (admissions, releases, feedback)")
     if not capacity and len(rows) == 2:
         print(f"\nthroughput ratio {rows[1]['strategy']} / {rows[0]['strategy']}: "
               f"{rows[1]['pages_per_s'] / rows[0]['pages_per_s']:.3f}")

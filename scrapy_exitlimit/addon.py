@@ -7,7 +7,7 @@ from typing import Any
 
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 
-from .config import DEFAULT_CONCURRENCY, read_exit_urls
+from .config import DEFAULT_CONCURRENCY, read_exits
 
 logger = logging.getLogger(__name__)
 
@@ -17,18 +17,26 @@ MIDDLEWARE = "scrapy_exitlimit.middleware.ExitLimitMiddleware"
 MIDDLEWARE_ORDER = 585
 #: parked requests count against CONCURRENT_REQUESTS: leave room for them
 PARKING_ROOM = 16
+#: keeps apart keep-alive connections of exits that differ only in their credentials
+DOWNLOAD_HANDLER = "scrapy_exitlimit.handlers.CredentialKeyedDownloadHandler"
 
 
 def _user_set(settings: BaseSettings, name: str) -> bool:
     return (settings.getpriority(name) or 0) > SETTINGS_PRIORITIES["default"]
 
 
+def _at_least_addon(settings: BaseSettings, name: str) -> int:
+    """Priority for adding entries to a dict setting the user may have set too."""
+    return max(settings.getpriority(name) or 0, SETTINGS_PRIORITIES["addon"])
+
+
 class Addon:
     def update_settings(self, settings: BaseSettings) -> None:
+        # at the priority of your own DOWNLOADER_MIDDLEWARES: at "addon" they would drop ours
         settings.set("DOWNLOADER_MIDDLEWARES", {
             **settings.getdict("DOWNLOADER_MIDDLEWARES"),
             MIDDLEWARE: MIDDLEWARE_ORDER,
-        }, priority="addon")
+        }, priority=_at_least_addon(settings, "DOWNLOADER_MIDDLEWARES"))
         # AutoThrottle would tune the delay of our per-exit slots against our pacing
         if not _user_set(settings, "AUTOTHROTTLE_ENABLED"):
             settings.set("AUTOTHROTTLE_ENABLED", False, priority="addon")
@@ -36,12 +44,29 @@ class Addon:
             logger.warning("AUTOTHROTTLE_ENABLED is on: it will pace only requests that "
                            "scrapy_exitlimit does not handle (dont_exitlimit)")
         self._size_concurrency(settings)
+        self._install_handler(settings)
+
+    @staticmethod
+    def _install_handler(settings: BaseSettings) -> None:
+        """Our HTTP/1.1 handler for http and https, unless you chose one for the scheme."""
+        if not settings.getbool("EXITLIMIT_ENABLED", True):
+            return
+        try:
+            from . import handlers  # noqa: F401 - needs Scrapy's HTTP/1.1 handler internals
+        except ImportError as exc:
+            logger.warning("scrapy_exitlimit: cannot install %s (%s): exits that differ only "
+                           "in credentials may share connections", DOWNLOAD_HANDLER, exc)
+            return
+        own = settings.getdict("DOWNLOAD_HANDLERS")
+        chosen = {s: DOWNLOAD_HANDLER for s in ("http", "https") if s not in own}
+        if chosen:  # at the priority of your own entries, which stay as they are
+            settings.set("DOWNLOAD_HANDLERS", {**own, **chosen},
+                         priority=_at_least_addon(settings, "DOWNLOAD_HANDLERS"))
 
     @staticmethod
     def _size_concurrency(settings: BaseSettings) -> None:
         try:
-            exits = len([u for u in read_exit_urls(settings.get("EXITLIMIT_EXITS"))
-                         if u.strip() and not u.strip().startswith("#")])
+            exits = len(read_exits(settings, warn=False))  # gateway templates expanded
         except ValueError:
             return  # the middleware reports bad configuration with the setting's name
         if not exits or not settings.getbool("EXITLIMIT_ENABLED", True):

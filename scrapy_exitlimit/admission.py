@@ -11,7 +11,8 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from .core import Lease, Limiter
+from .backends import Admission, Backend
+from .core import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -41,33 +42,45 @@ class Waiter:
     deferred: Deferred = field(default_factory=Deferred)
 
 
+#: most leases one call to an asynchronous backend asks for
+BATCH = 16
+
+
 class AdmissionQueue:
     """FIFO per origin; one timer, armed for the earliest moment anything could be admitted.
 
     Nothing polls: the timer is re-armed only when the earliest time changes,
     and a lease release wakes the queue at once (coalesced into one call).
+    With an asynchronous backend (Redis) each origin has at most one admission
+    call in flight, asking for as many leases as it has waiters (up to BATCH).
     """
 
-    def __init__(self, limiter: Limiter, on_admit: Callable[[Waiter | None, Lease, float], None]):
-        self.limiter = limiter
+    def __init__(self, backend: Backend,
+                 on_admit: Callable[[Waiter | None, Lease, float], None]):
+        self.backend = backend
+        self.clock = backend.clock
         self.on_admit = on_admit
         self.queues: dict[str, deque[Waiter]] = {}
         self.parked = 0
         self._timer: Any = None
         self._timer_at = math.inf
         self._soon: Any = None
+        self._pending: set[str] = set()  # origins with an admission call in flight
+        self._wait: dict[str, float] = {}  # origin -> when its last call said to ask again
+        self._deaf: set[str] = set()  # origins a released lease would not help now
         self.closed = False
 
     def acquire(self, origin: str) -> Lease | Deferred:
         """A lease now, or a Deferred that fires with one (or fails with HandedBack)."""
         if self.closed:
             raise HandedBack
-        now = self.limiter.clock()
-        if not self.queues.get(origin):
-            got = self.limiter.try_admit(origin, now)
-            if isinstance(got, Lease):
-                self.on_admit(None, got, now)
-                return got
+        now = self.clock()
+        if self.backend.synchronous and not self.queues.get(origin):
+            got = self.backend.admit(origin, 1, now)
+            assert isinstance(got, Admission)
+            if got.leases:
+                self.on_admit(None, got.leases[0], now)
+                return got.leases[0]
         waiter = Waiter(origin, now)
         self.queues.setdefault(origin, deque()).append(waiter)
         self.parked += 1
@@ -77,6 +90,8 @@ class AdmissionQueue:
     def wake(self) -> None:
         """State changed (a lease was released, a cooldown set): look again soon."""
         if self._soon is None and self.parked:
+            for origin in [o for o in self._wait if o not in self._deaf]:
+                del self._wait[origin]
             self._soon = call_later(0, self._wake_now)
 
     def _wake_now(self) -> None:
@@ -84,28 +99,79 @@ class AdmissionQueue:
         self._process()
 
     def _process(self) -> None:
-        now = self.limiter.clock()
+        if not self.backend.synchronous:
+            self._process_async()
+            return
+        now = self.clock()
         earliest = math.inf
         active = [o for o, q in self.queues.items() if q]
         # round-robin over origins so one busy origin cannot take every lease first
         while active:
             still = []
             for origin in active:
-                queue = self.queues[origin]
-                got = self.limiter.try_admit(origin, now)
-                if isinstance(got, Lease):
-                    waiter = queue.popleft()
-                    self.parked -= 1
-                    self.on_admit(waiter, got, now)
-                    waiter.deferred.callback(got)
-                    if queue:
+                got = self.backend.admit(origin, 1, now)
+                assert isinstance(got, Admission)
+                if got.leases:
+                    self._hand_out(origin, got.leases, now)
+                    if self.queues.get(origin):
                         still.append(origin)
-                    else:
-                        del self.queues[origin]
                 else:
-                    earliest = min(earliest, got)
+                    earliest = min(earliest, got.wait)
             active = still
         self._arm(earliest, now)
+
+    def _hand_out(self, origin: str, leases: list[Lease], now: float) -> None:
+        queue = self.queues.get(origin) or deque()
+        for lease in leases:
+            if not queue:  # its waiter left meanwhile (closing): the lease goes back
+                self.backend.release(lease.id, answered=False)
+                continue
+            waiter = queue.popleft()
+            self.parked -= 1
+            self.on_admit(waiter, lease, now)
+            waiter.deferred.callback(lease)
+        if not queue:
+            self.queues.pop(origin, None)
+
+    def _process_async(self) -> None:
+        now = self.clock()
+        for origin, queue in list(self.queues.items()):
+            if queue and origin not in self._pending and self._wait.get(origin, 0) <= now:
+                self._pending.add(origin)
+                d = self.backend.admit(origin, min(len(queue), BATCH), now)
+                d.addCallbacks(self._admitted, self._admit_failed, callbackArgs=(origin,),
+                               errbackArgs=(origin,))
+        self._arm_async(now)
+
+    def _admitted(self, got: Admission, origin: str) -> None:
+        self._pending.discard(origin)
+        now = self.clock()
+        if self.closed:
+            for lease in got.leases:
+                self.backend.release(lease.id, answered=False)
+            return
+        self._hand_out(origin, got.leases, now)
+        self._wait[origin] = now if got.leases else got.wait
+        if got.leases or got.release_helps:
+            self._deaf.discard(origin)
+        else:
+            self._deaf.add(origin)
+        self._process_async()
+
+    def _admit_failed(self, failure: Any, origin: str) -> None:
+        self._pending.discard(origin)
+        logger.error("exitlimit: admission call failed for %s: %s", origin,
+                     failure.getErrorMessage())
+        self._wait[origin] = self.clock() + 0.1
+        if not self.closed:
+            self._arm_async(self.clock())
+
+    def _arm_async(self, now: float) -> None:
+        waits = [self._wait.get(o, now) for o, q in self.queues.items()
+                 if q and o not in self._pending]
+        for origin in [o for o in self._wait if not self.queues.get(o)]:
+            del self._wait[origin]
+        self._arm(min(waits, default=math.inf), now)
 
     def _arm(self, when: float, now: float) -> None:
         if when == self._timer_at:

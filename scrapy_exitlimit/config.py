@@ -11,7 +11,8 @@ from typing import Any
 
 from scrapy.exceptions import NotConfigured
 
-from .core import Exit, Limits, Tuning, parse_exit_list
+from .core import Exit, Limits, Tuning, parse_exit_list, parse_sessions
+from .core.exits import SESSION_FIELD, is_template
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,28 @@ def read_exit_urls(value: Any, name: str = "EXITLIMIT_EXITS") -> list[str]:
     if isinstance(value, (list, tuple)):
         return [str(u) for u in value]
     raise ValueError(f"{name} must be a list of proxy URLs or a path, got {type(value).__name__}")
+
+
+def read_exits(settings: Any, *, warn: bool = True) -> list[Exit]:
+    """EXITLIMIT_EXITS as exits, each ``{session}`` template expanded once per
+    EXITLIMIT_SESSIONS (a count N: sessions 1..N, or a list of names)."""
+    urls = read_exit_urls(settings.get("EXITLIMIT_EXITS"))
+    try:
+        sessions = parse_sessions(settings.get("EXITLIMIT_SESSIONS"))
+    except ValueError as exc:
+        raise ValueError(f"EXITLIMIT_SESSIONS {exc}") from None
+    templates = sum(1 for u in urls if is_template(u))
+    if templates and sessions is None:
+        raise ValueError(f"EXITLIMIT_EXITS has {templates} gateway template(s) with "
+                         f"{SESSION_FIELD} but EXITLIMIT_SESSIONS is not set: give a count "
+                         "of sessions or a list of session names")
+    if warn and sessions is not None and not templates:
+        logger.warning("EXITLIMIT_SESSIONS is set but no EXITLIMIT_EXITS entry has "
+                       "%s: it is ignored", SESSION_FIELD)
+    try:
+        return parse_exit_list(urls, sessions)
+    except ValueError as exc:
+        raise ValueError(f"EXITLIMIT_EXITS: {exc}") from None
 
 
 def _overrides(settings: Any, name: str, allowed: set[str]) -> dict[str, dict[str, Any]]:
@@ -124,6 +147,7 @@ class ExitLimitConfig:
     debug: bool
     lease_timeout: float
     policy: str
+    backend: str = "memory"
 
     @property
     def rate_given(self) -> bool:
@@ -133,11 +157,7 @@ class ExitLimitConfig:
     def from_settings(cls, settings: Any) -> ExitLimitConfig:
         if not settings.getbool("EXITLIMIT_ENABLED", True):
             raise NotConfigured
-        urls = read_exit_urls(settings.get("EXITLIMIT_EXITS"))
-        try:
-            exits = parse_exit_list(urls)
-        except ValueError as exc:
-            raise ValueError(f"EXITLIMIT_EXITS: {exc}") from None
+        exits = read_exits(settings)
         if not exits:
             raise NotConfigured("EXITLIMIT_EXITS is empty: give the proxy URLs to crawl through")
         ids_by_url = {ex.url: ex.id for ex in exits}
@@ -172,7 +192,11 @@ class ExitLimitConfig:
         policy = settings.get("EXITLIMIT_POLICY") or DEFAULT_POLICY
         if not isinstance(policy, str):
             policy = f"{policy.__module__}.{policy.__qualname__}"
+        backend = settings.get("EXITLIMIT_BACKEND") or "memory"
+        if not isinstance(backend, str):
+            backend = f"{backend.__module__}.{backend.__qualname__}"
         config = cls(
+            backend=backend,
             exits=exits,
             limits=limits,
             tuning=tuning,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +14,9 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 
 from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Waiter, call_later
+from .backends import load_backend
 from .config import ExitLimitConfig
-from .core import Event, Lease, Limiter, bounded_cooldown, parse_retry_after
+from .core import Event, Lease, bounded_cooldown, parse_retry_after
 from .core.ratelimit_headers import parse_ratelimit
 from .policy import ResponsePolicy, Signal
 
@@ -69,8 +69,8 @@ class ExitLimitMiddleware:
         self.crawler = crawler
         self.config = config
         self.stats = crawler.stats
-        self.limiter = Limiter(config.exits, config.limits, clock=time.monotonic,
-                               tuning=config.tuning, rng=random.Random())
+        self.backend = load_backend(crawler, config)
+        self.limiter = self.backend.limiter
         try:
             policy_cls = load_object(config.policy)
         except (ImportError, NameError, ValueError, AttributeError) as exc:
@@ -81,7 +81,7 @@ class ExitLimitMiddleware:
                              "subclass")
         self.policy: ResponsePolicy = policy_cls()
         self.exits = {ex.id: ex for ex in config.exits}
-        self.queue = AdmissionQueue(self.limiter, self._admitted)
+        self.queue = AdmissionQueue(self.backend, self._admitted)
         self._watch: Any = None
         self._cache: HttpCacheMiddleware | None = None
         self._blocked_since: dict[str, float] = {}
@@ -100,17 +100,23 @@ class ExitLimitMiddleware:
         limits = self.config.limits
         rate = (f"{limits.rate:g} r/s (burst {limits.burst})" if limits.rate is not None
                 else f"learned (from {self.config.tuning.start_rate:g} r/s)")
-        logger.info("exitlimit: %d exits, pair rate %s, up to %d in flight per exit",
-                    len(self.exits), rate, limits.concurrency)
+        logger.info("exitlimit: %d exits, pair rate %s, up to %d in flight per exit; state: %s",
+                    len(self.exits), rate, limits.concurrency, self.backend.describe())
+        self.backend.open()
         middlewares = self.crawler.engine.downloader.middleware.middlewares
         self._cache = next((m for m in middlewares if isinstance(m, HttpCacheMiddleware)), None)
         self._schedule_watch()
 
-    def _spider_closed(self, spider: Any = None, reason: str = "") -> None:
+    async def _spider_closed(self, spider: Any = None, reason: str = "") -> None:
         self._close_queue("spider closed")
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
+        for name, value in self.backend.stats().items():
+            self.stats.set_value(f"exitlimit/{name}", value)
+        closing = self.backend.close()
+        if closing is not None:
+            await maybe_deferred_to_future(closing)
 
     def _schedule_watch(self) -> None:
         self._watch = call_later(CLOSE_WATCH_INTERVAL, self._check)
@@ -127,7 +133,7 @@ class ExitLimitMiddleware:
         now = self.limiter.clock()
         self._check_stalls(now)
         for lease in self.limiter.stale_leases(self.config.lease_timeout, now):
-            self.limiter.release(lease.id, answered=False)
+            self.backend.release(lease.id, answered=False)
             self.stats.inc_value("exitlimit/lease_reclaimed")
             logger.warning("exitlimit: reclaimed a lease on %s held for over %gs",
                            lease.exit_id, self.config.lease_timeout)
@@ -265,7 +271,7 @@ class ExitLimitMiddleware:
     # -- feedback ----------------------------------------------------------
     def _release(self, request: Request, answered: bool = False) -> None:
         lease_id = request.meta.pop(LEASE_KEY, None)
-        if lease_id is not None and self.limiter.release(lease_id, answered) is not None:
+        if lease_id is not None and self.backend.release(lease_id, answered) is not None:
             self.queue.wake()
 
     def _left_downloader(self, request: Request, spider: Any = None) -> None:
@@ -285,19 +291,19 @@ class ExitLimitMiddleware:
                                         floor=self.config.cooldown_min,
                                         cap=self.config.cooldown_max,
                                         default=self.config.cooldown_default)
-            events = self.limiter.rate_limited(lease.origin, lease.exit_id, cooldown, lease)
+            events = self.backend.rate_limited(lease, cooldown)
         elif signal is Signal.OK:
             latency = self.limiter.clock() - lease.admitted_at
-            events = self.limiter.success(lease, latency)
+            events = self.backend.success(lease, latency)
             quota = parse_ratelimit(response.headers, now=time.time())
             if quota is not None:
-                events += self.limiter.announced(lease, quota.rate, quota.remaining, quota.reset)
+                events += self.backend.announced(lease, quota.rate, quota.remaining, quota.reset)
         elif signal is Signal.BANNED:
-            events = self.limiter.banned(lease)
+            events = self.backend.banned(lease)
         elif signal is Signal.OVERLOADED:
-            events = self.limiter.overloaded(lease, self._retry_after(response))
+            events = self.backend.overloaded(lease, self._retry_after(response))
         elif signal is Signal.PROXY_FAULT:
-            events = self.limiter.proxy_fault(lease, lease.exit_id)
+            events = self.backend.proxy_fault(lease, lease.exit_id)
         else:
             events = []
         self._report(events)
@@ -347,7 +353,7 @@ class ExitLimitMiddleware:
         if signal is not Signal.PROXY_FAULT:
             return None
         self._count(signal, exit_id)
-        self._report(self.limiter.proxy_fault(None, exit_id))
+        self._report(self.backend.proxy_fault(None, exit_id))
         return self._reissue(request, signal, type(exception).__name__)
 
     def _reissue(self, request: Request, signal: Signal, what: str) -> Request | None:

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import pytest
+
+from .redis_server import RedisServer, redis_binary
+
 
 class FakeClock:
     """Monotonic time that moves only when told to."""
@@ -12,3 +16,20 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One redis-server for the session, on a free port; tests flush it via ``redis_url``."""
+    server = RedisServer(redis_binary())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    if redis_server.proc is None:  # a restart test left it stopped
+        redis_server.start()
+    redis_server.flush()
+    return redis_server.url

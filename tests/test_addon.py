@@ -47,3 +47,30 @@ def test_exits_from_spider_custom_settings_are_seen():
 def test_without_exits_nothing_is_sized():
     s = settings_after_addons()
     assert s.getint("CONCURRENT_REQUESTS") == 16
+
+
+def test_gateway_templates_count_once_per_session():
+    s = settings_after_addons(EXITLIMIT_EXITS=["http://u-{session}:p@127.0.0.1:7777", EXITS[0]],
+                              EXITLIMIT_SESSIONS=20, EXITLIMIT_CONCURRENCY=2)
+    assert s.getint("CONCURRENT_REQUESTS") == 21 * 2 + 21
+
+
+def test_installs_the_credential_keyed_handler_unless_you_chose_one():
+    from scrapy_exitlimit.addon import DOWNLOAD_HANDLER
+
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS)
+    assert s.getdict("DOWNLOAD_HANDLERS") == {"http": DOWNLOAD_HANDLER, "https": DOWNLOAD_HANDLER}
+    mine = "myproject.handlers.Mine"
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, DOWNLOAD_HANDLERS={"https": mine})
+    assert s.getdict("DOWNLOAD_HANDLERS") == {"http": DOWNLOAD_HANDLER, "https": mine}
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, EXITLIMIT_ENABLED=False)
+    assert s.getdict("DOWNLOAD_HANDLERS") == {}
+
+
+def test_your_own_middlewares_and_handlers_do_not_drop_ours():
+    from scrapy_exitlimit.addon import DOWNLOAD_HANDLER
+
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, DOWNLOADER_MIDDLEWARES={"my.Mw": 5},
+                              DOWNLOAD_HANDLERS={"ftp": None})
+    assert s.getdict("DOWNLOADER_MIDDLEWARES") == {"my.Mw": 5, MIDDLEWARE: MIDDLEWARE_ORDER}
+    assert s.getdict("DOWNLOAD_HANDLERS")["http"] == DOWNLOAD_HANDLER

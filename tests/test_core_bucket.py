@@ -73,6 +73,27 @@ def test_set_rate_keeps_position():
     assert b.ready_at(1.0) == pytest.approx(1.1)
 
 
+def test_a_slower_rate_does_not_free_a_burst():
+    """Halving the rate doubles the tolerance; the tokens just spent must stay spent."""
+    b = TokenBucket(rate=10, burst=5)
+    for _ in range(5):
+        b.consume(0.0)
+    assert b.ready_at(0.0) == pytest.approx(0.1)
+    b.set_rate(5)
+    assert b.ready_at(0.0) == pytest.approx(0.1)  # not 0.0 with two more tokens
+    b.consume(0.1)
+    assert b.ready_at(0.1) == pytest.approx(0.3)  # then paced at the new rate
+
+
+def test_a_slower_rate_keeps_a_hold():
+    b = TokenBucket(rate=10, burst=4)
+    b.hold_until(3.0)
+    b.set_rate(2)
+    assert b.ready_at(0.0) == pytest.approx(3.0)
+    b.consume(3.0)
+    assert b.ready_at(3.0) == pytest.approx(3.5)  # one, not a burst
+
+
 @pytest.mark.parametrize("rate", [0, -1, math.inf, math.nan])
 def test_bad_rate_is_refused(rate):
     with pytest.raises(ValueError, match="rate"):

@@ -1,7 +1,15 @@
 """Pure core: admission arithmetic with an injected clock. No Scrapy, Twisted or Redis here."""
 
 from .bucket import TokenBucket
-from .exits import Exit, exit_id, make_exit, mask_url, parse_exit_list
+from .exits import (
+    Exit,
+    exit_id,
+    expand_templates,
+    make_exit,
+    mask_url,
+    parse_exit_list,
+    parse_sessions,
+)
 from .health import ConcurrencyLimit, ExitHealth
 from .learning import RateEstimate
 from .limiter import UNTIL_RELEASE, Event, Lease, Limiter, PairState, Tuning
@@ -25,9 +33,11 @@ __all__ = [
     "Tuning",
     "bounded_cooldown",
     "exit_id",
+    "expand_templates",
     "make_exit",
     "mask_url",
     "parse_exit_list",
     "parse_http_date",
     "parse_retry_after",
+    "parse_sessions",
 ]

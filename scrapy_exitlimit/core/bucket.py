@@ -30,14 +30,25 @@ class TokenBucket:
             raise ValueError(f"burst must be >= 1, got {burst!r}")
         if self.margin < 0:
             raise ValueError(f"margin must be >= 0, got {self.margin!r}")
+        old_interval = getattr(self, "_interval", None)
         self.rate = rate
         self.burst = burst
         self._interval = 1.0 / rate + self.margin
         self._tolerance = (burst - 1) * self._interval
+        if old_interval is not None and self._interval > old_interval and math.isfinite(self.tat):
+            # A slower rate widens the tolerance (burst - 1 intervals, now longer): with
+            # ``tat`` kept, tokens the old rate had not yet refilled would be free at once.
+            # Keep the next token where it was; the slower pacing starts from there.
+            self.tat += (burst - 1) * (self._interval - old_interval)
 
     @property
     def interval(self) -> float:
         return self._interval
+
+    @property
+    def tolerance(self) -> float:
+        """How far ahead of schedule a token may be taken: (burst - 1) intervals."""
+        return self._tolerance
 
     def ready_at(self, now: float) -> float:
         """The earliest time, not before ``now``, at which a token is available."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .bucket import TokenBucket
 from .exits import Exit
@@ -121,6 +121,16 @@ class OriginState:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """An exit a shared backend may admit on: its pair's pacing and the exit's lease cap."""
+
+    exit_id: str
+    interval: float  # seconds between the pair's requests (GCRA emission interval)
+    tolerance: float  # how far ahead of schedule a burst may run
+    limit: int  # the exit's in-flight cap
+
+
+@dataclass(frozen=True)
 class Lease:
     """One admitted request: holds a place on its exit until released."""
 
@@ -182,7 +192,10 @@ class Limiter:
         }
         self.origins: dict[str, OriginState] = {}
         self.leases: dict[int, Lease] = {}
-        self._lease_ids = itertools.count(1)
+        self._next_lease_id = 1
+        #: this process's share of every pair's rate: below 1 when processes that
+        #: normally share state through a backend must each pace on their own
+        self.share = 1.0
 
     # -- state -------------------------------------------------------------
     def origin_state(self, origin: str) -> OriginState:
@@ -222,7 +235,7 @@ class Limiter:
         return est.lo
 
     def _sync_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
-        rate = self.pair_rate(ostate, exit_id, pair)
+        rate = self.pair_rate(ostate, exit_id, pair) * self.share
         if rate != pair.bucket.rate:
             pair.bucket.set_rate(rate)
         return rate
@@ -260,6 +273,58 @@ class Limiter:
                 return origin_ready
             ostate.budget.consume(now)
         _, estate, pair = best
+        gap = now - pair.last_admit
+        pair.bucket.consume(now)
+        return self._grant(ostate, estate, pair, now, gap)
+
+    def plan(self, origin: str, now: float | None = None,
+             limit: int | None = None) -> tuple[list[Candidate], float]:
+        """For a shared backend: the exits this process would try, best first, and the
+        earliest time an exit left out could come back (``UNTIL_RELEASE``: an answer).
+
+        Leaves out what local knowledge rules out (dead exits, pairs cooling
+        down, banned or single-file); whether a token and a lease are free is
+        for the shared state to say. Pacing rates are synced first.
+        """
+        now = self.clock() if now is None else now
+        ostate = self.origin_state(origin)
+        self._tick_estimate(ostate, now)
+        ranked: list[tuple[tuple[float, float], Candidate]] = []
+        earliest = UNTIL_RELEASE
+        for exit_id, estate in self.exits.items():
+            if estate.health.dead(now):
+                earliest = min(earliest, estate.health.dead_until)
+                continue
+            pair = ostate.pairs.get(exit_id) or self.pair_state(origin, exit_id)
+            if pair.single_file:
+                continue
+            blocked = max(pair.cooldown_until, pair.banned_until)
+            if blocked > now:
+                earliest = min(earliest, blocked)
+                continue
+            self._sync_rate(ostate, exit_id, pair)
+            bucket = pair.bucket
+            ranked.append(((estate.in_flight / estate.limit, pair.last_admit),
+                           Candidate(exit_id, bucket.interval, bucket.tolerance, estate.limit)))
+        ranked.sort(key=lambda item: item[0])
+        return [c for _, c in ranked[:limit]], earliest
+
+    def reserve_lease_ids(self, count: int) -> int:
+        """Set aside ``count`` lease ids (for a shared backend naming leases up front)."""
+        first = self._next_lease_id
+        self._next_lease_id += count
+        return first
+
+    def grant(self, origin: str, exit_id: str, now: float, gap: float,
+              lease_id: int | None = None) -> Lease:
+        """Record an admission the shared state made (``gap``: since the pair's previous one)."""
+        ostate = self.origin_state(origin)
+        pair = self.pair_state(origin, exit_id)
+        pair.bucket.consume(now)  # keeps the local schedule close, for a fallback
+        return self._grant(ostate, self.exits[exit_id], pair, now, gap, lease_id)
+
+    def _grant(self, ostate: OriginState, estate: ExitState, pair: PairState, now: float,
+               gap: float, lease_id: int | None = None) -> Lease:
         exit_id = estate.exit.id
         if (pair.own is None and ostate.scout is None
                 and ostate.estimate.target() > ostate.estimate.lo):
@@ -267,9 +332,7 @@ class Limiter:
             pair.confirmations, pair.confirmed_rate = 0, math.inf
             self._sync_rate(ostate, exit_id, pair)
         # "paced": sent as soon as the pair's schedule allowed, i.e. demand was there
-        gap = now - pair.last_admit
         paced = gap <= pair.bucket.interval * 1.25 + 0.002
-        pair.bucket.consume(now)
         pair.last_admit = now
         if not ostate.admissions and not math.isfinite(ostate.first_admission):
             ostate.first_admission = now
@@ -278,8 +341,10 @@ class Limiter:
             ostate.admissions.popleft()
         pair.in_flight += 1
         estate.in_flight += 1
-        lease = Lease(next(self._lease_ids), origin, exit_id, now, pair.bucket.rate, paced, gap,
-                      estate.in_flight >= estate.limit)
+        if lease_id is None:
+            lease_id = self.reserve_lease_ids(1)
+        lease = Lease(lease_id, ostate.key, exit_id, now, pair.bucket.rate, paced,
+                      gap, estate.in_flight >= estate.limit)
         self.leases[lease.id] = lease
         return lease
 
@@ -333,6 +398,11 @@ class Limiter:
                 self._answered(pair, lease)
         return lease
 
+    @staticmethod
+    def arrival_slack(pair: PairState) -> float:
+        """How long before its answer a request surely reached the server (0 until warm)."""
+        return pair.min_latency if pair.answers > WARM_ANSWERS else 0.0
+
     def _answered(self, pair: PairState, lease: Lease) -> None:
         """Re-anchor the pair's pacing on when its request can at the latest have arrived.
 
@@ -352,8 +422,7 @@ class Limiter:
             drift = pair.min_latency + LATENCY_FORGET * (latency - pair.min_latency)
             pair.min_latency = min(latency, drift)
         # until a few answers show what "fast" is for this path, assume the worst
-        warm = pair.answers > WARM_ANSWERS
-        pair.bucket.arrived(now - pair.min_latency if warm else now)
+        pair.bucket.arrived(now - self.arrival_slack(pair))
 
     def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
         """A clean answer (2xx/3xx, or an ordinary 4xx such as 404)."""
@@ -586,6 +655,69 @@ class Limiter:
                                 f"{estate.health.dead_until - now:.0f}s"))
         return events
 
+    # -- learned state, for sharing between processes ------------------------
+    def learning_mark(self, origin: str) -> tuple:
+        """Changes whenever what the origin's pairs learned changes (not on ceiling drift)."""
+        ostate = self.origin_state(origin)
+        est = ostate.estimate
+        owns = tuple((eid, p.own.lo, p.own.changed_at) for eid, p in ostate.pairs.items()
+                     if p.own is not None)
+        return (est.lo, est.changed_at, ostate.scout, ostate.overload_at, owns)
+
+    def export_learning(self, origin: str) -> dict[str, Any]:
+        """What this origin's pairs learned, as plain data (times on this limiter's clock)."""
+        ostate = self.origin_state(origin)
+        owns = {}
+        for exit_id, pair in ostate.pairs.items():
+            if pair.own is not None and not self._pristine(origin, exit_id, pair.own):
+                owns[exit_id] = _estimate_data(pair.own)
+        return {
+            "estimate": _estimate_data(ostate.estimate),
+            "scout": ostate.scout,
+            "scout_since": ostate.scout_since,
+            "budget": ostate.budget.rate if ostate.budget is not None else None,
+            "overloaded_until": ostate.overloaded_until,
+            "overload_at": ostate.overload_at,
+            "suspects": sorted(ostate.suspects),
+            "own": owns,
+        }
+
+    def import_learning(self, origin: str, data: Mapping[str, Any]) -> None:
+        """Adopt what another process published for this origin."""
+        ostate = self.origin_state(origin)
+        _load_estimate(ostate.estimate, data["estimate"])
+        ostate.scout = data["scout"]
+        ostate.scout_since = data["scout_since"]
+        ostate.overloaded_until = data["overloaded_until"]
+        ostate.overload_at = data["overload_at"]
+        ostate.suspects = {s for s in data["suspects"] if s in self.exits}
+        budget = data["budget"]
+        if budget is None:
+            ol = self.limits.origin(origin)
+            ostate.budget = TokenBucket(ol.rate, ol.burst) if ol.rate is not None else None
+        elif ostate.budget is None:
+            ostate.budget = TokenBucket(budget, 1, self.tuning.margin)
+        else:
+            ostate.budget.set_rate(budget)
+        owns = data["own"]
+        for exit_id in set(owns) | set(ostate.pairs):
+            if exit_id not in self.exits:
+                continue
+            pair = self.pair_state(origin, exit_id)
+            if exit_id in owns:
+                if pair.own is None:
+                    pair.own = RateEstimate(1.0)
+                _load_estimate(pair.own, owns[exit_id])
+            else:
+                pl = self.limits.pair(origin, exit_id)
+                pair.own = (RateEstimate(pl.rate, floor=min(self.tuning.min_rate, pl.rate),
+                                         ceiling=pl.rate) if pl.rate is not None else None)
+
+    def _pristine(self, origin: str, exit_id: str, own: RateEstimate) -> bool:
+        """A configured pair's estimate that has learned nothing yet."""
+        rate = self.limits.pair(origin, exit_id).rate
+        return rate is not None and own.lo == rate and own.hi is None and own.ceiling == rate
+
     def stale_leases(self, older_than: float, now: float | None = None) -> list[Lease]:
         now = self.clock() if now is None else now
         return [lease for lease in self.leases.values() if now - lease.admitted_at > older_than]
@@ -593,3 +725,15 @@ class Limiter:
     def __repr__(self) -> str:
         busy = sum(e.in_flight for e in self.exits.values())
         return f"<Limiter exits={len(self.exits)} origins={len(self.origins)} in_flight={busy}>"
+
+
+_ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "raised_at")
+
+
+def _estimate_data(est: RateEstimate) -> dict[str, Any]:
+    return {name: getattr(est, name) for name in _ESTIMATE_FIELDS}
+
+
+def _load_estimate(est: RateEstimate, data: Mapping[str, Any]) -> None:
+    for name in _ESTIMATE_FIELDS:
+        setattr(est, name, data[name])

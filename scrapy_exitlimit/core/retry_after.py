@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+import math
 import re
 
 _MONTHS = {
@@ -66,14 +67,16 @@ def parse_retry_after(
 
     The HTTP-date form is measured against the response's own ``Date`` header
     when it has a readable one, so a skewed local clock does not stretch or
-    shrink the wait; ``now`` (Unix time) is the fallback. The result may be 0
-    or negative: bounding it is the caller's policy (:func:`bounded_cooldown`).
+    shrink the wait; ``now`` (Unix time) is the fallback. The result is finite; it
+    may be 0 or negative: bounding it is the caller's policy (:func:`bounded_cooldown`).
     """
     text = _text(value)
     if not text:
         return None
     if m := _DELTA.match(text):
-        return float(m.group(1))
+        seconds = float(m.group(1))
+        # hundreds of digits overflow to inf: no wait a clock can reach, so unreadable
+        return seconds if math.isfinite(seconds) else None
     when = parse_http_date(text)
     if when is None:
         return None
@@ -84,7 +87,7 @@ def parse_retry_after(
 def bounded_cooldown(
     seconds: float | None, *, floor: float, cap: float, default: float
 ) -> float:
-    """Missing or unreadable → ``default``; then clamped to ``[floor, cap]``."""
-    if seconds is None:
+    """Missing or unreadable (None, NaN) → ``default``; then clamped to ``[floor, cap]``."""
+    if seconds is None or math.isnan(seconds):
         seconds = default
     return min(max(seconds, floor), cap)

@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ban", nargs="+", action="extend", default=[], metavar="IP")
     p.add_argument("--slow", nargs="+", action="extend", default=[], type=_slow, metavar="IP=RATE")
     p.add_argument("--latency", type=float, default=0.0, help="seconds before every answer")
+    p.add_argument("--capacity", type=int, default=0,
+                   help="answers in service at once per client IP, the rest queue; 0: unbounded")
     p.add_argument("--dead", type=int, default=0, help="exit URLs nobody listens on")
     p.add_argument("--ratelimit-headers", action="store_true")
     p.add_argument("--proxy-auth", type=_credentials, default=None, metavar="USER:PASS")
@@ -75,6 +77,7 @@ def build_lab(args: argparse.Namespace) -> Lab:
         latency=args.latency,
         per_ip=per_ip,
         ratelimit_headers=args.ratelimit_headers,
+        capacity=args.capacity or None,
     )
     return Lab(
         args.exits,

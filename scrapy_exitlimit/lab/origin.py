@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email.utils import formatdate
@@ -54,6 +54,7 @@ class IPRule:
     rate: float | None | _Inherit = INHERIT  # None: unlimited for this IP
     ban: bool = False  # 403 block page for everything
     latency: float = 0.0  # added to OriginConfig.latency
+    capacity: int | None | _Inherit = INHERIT  # None: unbounded for this IP
 
 
 @dataclass
@@ -68,6 +69,9 @@ class OriginConfig:
     latency: float = 0.0  # seconds before every answer
     per_ip: dict[str, IPRule] = field(default_factory=dict)
     ratelimit_headers: bool = False
+    # answers in service at once per client IP (each takes its latency); the rest queue
+    # FIFO, so latency grows with concurrency past it. None: unbounded
+    capacity: int | None = None
 
     def __post_init__(self) -> None:
         if self.retry_after_mode not in _MODES:
@@ -77,12 +81,41 @@ class OriginConfig:
             raise ValueError("rates must be > 0 (None means unlimited)")
         if self.burst < 1 or self.origin_burst < 1:
             raise ValueError("bursts must be >= 1")
+        capacities = [self.capacity] + [r.capacity for r in self.per_ip.values()]
+        if any(isinstance(c, int) and c < 1 for c in capacities):
+            raise ValueError("capacities must be >= 1 (None means unbounded)")
 
     def rate_for(self, ip: str) -> float | None:
         rule = self.per_ip.get(ip)
         if rule is None or rule.rate is INHERIT:
             return self.rate
         return rule.rate
+
+    def capacity_for(self, ip: str) -> int | None:
+        rule = self.per_ip.get(ip)
+        if rule is None or rule.capacity is INHERIT:
+            return self.capacity
+        return rule.capacity
+
+
+class _Service:
+    """One client IP's answers in service (at most ``capacity``) and those queued."""
+
+    __slots__ = ("capacity", "busy", "queue")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.busy = 0
+        self.queue: deque[_Job] = deque()
+
+
+class _Job:
+    __slots__ = ("request", "body", "delay", "call", "gone")
+
+    def __init__(self, request: Request, body: bytes, delay: float) -> None:
+        self.request, self.body, self.delay = request, body, delay
+        self.call: Any = None  # the pending answer, once in service
+        self.gone = False  # answered, or the client hung up
 
 
 class GCRA:
@@ -231,6 +264,7 @@ class Origin(ListeningServer):
         """Forget counters, arrival times and limiter state."""
         self._stats: dict[str, _IPStats] = {}
         self._limiters: dict[str, GCRA | None] = {}
+        self._service: dict[str, _Service] = {}
         cfg = self.config
         self._origin_limiter = (
             GCRA(cfg.origin_rate, cfg.origin_burst, self.clock) if cfg.origin_rate else None
@@ -363,12 +397,57 @@ class Origin(ListeningServer):
         _set(request, status, body, _HTML)
         if delay <= 0:
             return body
+        if self.config.capacity is not None or self.config.per_ip:
+            capacity = self.config.capacity_for(request.getClientAddress().host)
+            if capacity is not None:
+                return self._serve_within(request, body, delay, capacity)
         from twisted.internet import reactor
 
         # Delay without blocking; a client that hangs up cancels its pending answer.
         call = reactor.callLater(delay, _finish, request, body)
         request.notifyFinish().addErrback(lambda _: call.cancel() if call.active() else None)
         return NOT_DONE_YET
+
+    def _serve_within(self, request: Request, body: bytes, delay: float, capacity: int) -> int:
+        """Answer after ``delay`` once fewer than ``capacity`` answers to this IP are in
+        service; queue FIFO until then (the decision was already made on arrival)."""
+        ip = request.getClientAddress().host
+        service = self._service.get(ip)
+        if service is None:
+            service = self._service[ip] = _Service(capacity)
+        job = _Job(request, body, delay)
+        # a client that hangs up leaves the queue, or frees its place in service
+        request.notifyFinish().addErrback(lambda _: self._hung_up(service, job))
+        service.queue.append(job)
+        self._start_service(service)
+        return NOT_DONE_YET
+
+    def _start_service(self, service: _Service) -> None:
+        from twisted.internet import reactor
+
+        while service.busy < service.capacity and service.queue:
+            job = service.queue.popleft()
+            if job.gone:
+                continue
+            service.busy += 1
+            job.call = reactor.callLater(job.delay, self._served, service, job)
+
+    def _served(self, service: _Service, job: _Job) -> None:
+        job.call = None
+        job.gone = True
+        service.busy -= 1
+        _finish(job.request, job.body)
+        self._start_service(service)
+
+    def _hung_up(self, service: _Service, job: _Job) -> None:
+        if job.gone:
+            return
+        job.gone = True
+        if job.call is not None:  # in service: free the place
+            job.call.cancel()
+            job.call = None
+            service.busy -= 1
+            self._start_service(service)
 
     def _control(self, request: Request, path: bytes) -> bytes:
         # Control routes are neither rate-limited nor counted.

@@ -149,7 +149,9 @@ class _Tunnel(Protocol):
         self.client = client
 
     def connectionMade(self) -> None:
-        self.client.proxy._conns.opened(self)
+        proxy = self.client.proxy
+        proxy._conns.opened(self)
+        proxy.tunnel_ports[self.transport.getHost().port] = self.client.conn_id
 
     def dataReceived(self, data: bytes) -> None:
         self.client.transport.write(data)
@@ -377,7 +379,9 @@ class ForwardProxy(ListeningServer):
     None accepts anything. ``fail_status``: answer every request with that status without
     forwarding. ``requests`` counts requests (CONNECT included), ``connections`` accepted
     client connections, and ``seen_auth`` holds ``(connection_id, Proxy-Authorization or
-    None)`` per request, connection ids counting from 1.
+    None)`` per request, connection ids counting from 1; :meth:`auth_by_connection` groups
+    it. ``tunnel_ports`` maps the local port of each CONNECT tunnel's upstream connection
+    (the client port the origin sees) to the id of the client connection that opened it.
     """
 
     kind = "proxy"
@@ -395,12 +399,20 @@ class ForwardProxy(ListeningServer):
         self.requests = 0
         self.connections = 0
         self.seen_auth: list[tuple[int, str | None]] = []
+        self.tunnel_ports: dict[int, int] = {}
         self._expected = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()) if auth else None
         self._conns = ConnectionTracker()
         super().__init__()
         self._reactor: Any = None
         self._pool: HTTPConnectionPool | None = None
         self._agent: Agent | None = None
+
+    def auth_by_connection(self) -> dict[int, set[str | None]]:
+        """``{connection_id: every Proxy-Authorization (or None) its requests carried}``."""
+        out: dict[int, set[str | None]] = {}
+        for conn, auth in self.seen_auth:
+            out.setdefault(conn, set()).add(auth)
+        return out
 
     def _authorized(self, header: bytes | None) -> bool:
         if self._expected is None:

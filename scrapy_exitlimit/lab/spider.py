@@ -8,18 +8,19 @@ import scrapy
 
 
 class PagesSpider(scrapy.Spider):
-    """Fetches ``/page/0`` .. ``/page/N-1`` once each and records what came of every one."""
+    """Fetches ``/page/first`` .. ``/page/first+N-1`` once each and records what came of
+    every one (``first`` lets several processes crawl disjoint pages)."""
 
     name = "lab_pages"
 
-    def __init__(self, base: str, pages: int | str, **kwargs: Any) -> None:
+    def __init__(self, base: str, pages: int | str, first: int | str = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.base, self.pages = base.rstrip("/"), int(pages)
+        self.base, self.pages, self.first = base.rstrip("/"), int(pages), int(first)
         self.ok: dict[str, int] = {}
         self.failed: dict[str, str] = {}
 
     async def start(self):
-        for i in range(self.pages):
+        for i in range(self.first, self.first + self.pages):
             yield scrapy.Request(f"{self.base}/page/{i}", callback=self.parse, errback=self.error)
 
     def parse(self, response):

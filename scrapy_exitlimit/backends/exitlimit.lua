@@ -1,0 +1,185 @@
+-- scrapy_exitlimit: shared exit state. One script, one call per operation.
+--
+-- Time comes from Redis TIME only, so processes on machines with skewed clocks
+-- agree. Every key carries the same {hash tag} (the key prefix), so one call's
+-- keys share a Redis Cluster slot; every key a call touches is passed in KEYS.
+--
+--   pair  hash  (origin, exit): tat (GCRA), cool (cooldown end), ban (ban end), last (admitted)
+--   lease zset  per exit: lease token -> expiry; expired tokens free their place
+--   exit  hash  per exit: dead (evicted until)
+--   origin hash per origin: tat (budget GCRA), hold (503 pause end)
+--   learn hash  per origin: v (version), blob (what the pool learned, JSON)
+--   procs zset  process id -> heartbeat expiry
+local IDLE = 3600      -- pair/exit/origin state idle this long is forgotten
+local LEARN_IDLE = 86400
+local NEG = -1e18
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+
+local function num(v, default)
+  return tonumber(v) or default
+end
+
+local function f6(x)
+  return string.format('%.6f', x)
+end
+
+local op = ARGV[1]
+
+if op == 'admit' then
+  -- KEYS: origin, learn, then (pair, lease, exit) per candidate
+  -- ARGV: op, want, token prefix, first lease id, lease ttl, origin interval, origin tolerance,
+  --       then (interval, tolerance, limit) per candidate
+  local want = tonumber(ARGV[2])
+  local prefix = ARGV[3]
+  local next_id = tonumber(ARGV[4])
+  local ttl = tonumber(ARGV[5])
+  local ointerval = tonumber(ARGV[6])
+  local otol = tonumber(ARGV[7])
+  local o = redis.call('HMGET', KEYS[1], 'tat', 'hold')
+  local otat, ohold = num(o[1], NEG), num(o[2], NEG)
+  local n = (#KEYS - 2) / 3
+  local c = {}
+  for i = 1, n do
+    local pk, lk, ek = KEYS[3 * i], KEYS[3 * i + 1], KEYS[3 * i + 2]
+    local a = 8 + 3 * (i - 1)
+    redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last')
+    local dead = num(redis.call('HGET', ek, 'dead'), NEG)
+    c[i] = {
+      interval = tonumber(ARGV[a]), tol = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 2]),
+      tat = num(f[1], NEG), block = math.max(num(f[2], NEG), num(f[3], NEG), dead),
+      last = num(f[4], NEG), busy = redis.call('ZCARD', lk), pk = pk, lk = lk,
+    }
+  end
+  local out = {}
+  local wait = math.huge
+  local lease_blocked = 0
+  local admitted = 0
+  while admitted < want do
+    local best, best_load, best_tat = nil, 0, 0
+    for i = 1, n do
+      local x = c[i]
+      local ready = math.max(x.tat - x.tol, x.block)
+      if ready > now then
+        wait = math.min(wait, ready)
+      elseif x.busy >= x.limit then
+        lease_blocked = 1
+      else
+        -- least loaded first, then the pair that has waited longest
+        local load = x.busy / x.limit
+        if best == nil or load < best_load or (load == best_load and x.tat < best_tat) then
+          best, best_load, best_tat = i, load, x.tat
+        end
+      end
+    end
+    if best == nil then
+      break
+    end
+    if ointerval > 0 then
+      local oready = math.max(otat - otol, ohold)
+      if oready > now then
+        wait = math.min(wait, oready)
+        break
+      end
+      otat = math.max(otat, now) + ointerval
+    end
+    local x = c[best]
+    local gap = now - x.last
+    x.tat = math.max(x.tat, now) + x.interval
+    x.last = now
+    x.busy = x.busy + 1
+    redis.call('ZADD', x.lk, now + ttl, prefix .. ':' .. next_id)
+    next_id = next_id + 1
+    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(now))
+    redis.call('EXPIRE', x.pk, IDLE)
+    redis.call('EXPIRE', x.lk, IDLE)
+    out[#out + 1] = best
+    out[#out + 1] = f6(gap)
+    admitted = admitted + 1
+  end
+  if ointerval > 0 and admitted > 0 then
+    redis.call('HSET', KEYS[1], 'tat', f6(otat))
+    redis.call('EXPIRE', KEYS[1], IDLE)
+  end
+  local v = redis.call('HGET', KEYS[2], 'v') or '0'
+  local reply = {f6(now), wait == math.huge and 'inf' or f6(wait), lease_blocked, v}
+  for i = 1, #out do
+    reply[#reply + 1] = out[i]
+  end
+  return reply
+
+elseif op == 'release' then
+  -- KEYS: lease, pair   ARGV: op, token, arrived (1/0), seconds back, interval
+  redis.call('ZREM', KEYS[1], ARGV[2])
+  if ARGV[3] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
+    -- the request reached the server as late as now - back: the next one an interval on
+    local when = now - tonumber(ARGV[4]) + tonumber(ARGV[5])
+    local tat = num(redis.call('HGET', KEYS[2], 'tat'), NEG)
+    if when > tat then
+      redis.call('HSET', KEYS[2], 'tat', f6(when))
+    end
+  end
+  return f6(now)
+
+elseif op == 'hold' then
+  -- KEYS: pair (or origin)   ARGV: op, field (cool/ban/hold), seconds, tolerance
+  -- the latest deadline wins; the bucket is held so the pause ends with one request
+  local until_ = now + tonumber(ARGV[3])
+  local cur = num(redis.call('HGET', KEYS[1], ARGV[2]), NEG)
+  if until_ > cur then
+    redis.call('HSET', KEYS[1], ARGV[2], f6(until_))
+    cur = until_
+  end
+  local tat = num(redis.call('HGET', KEYS[1], 'tat'), NEG)
+  local held = cur + tonumber(ARGV[4])
+  if held > tat then
+    redis.call('HSET', KEYS[1], 'tat', f6(held))
+  end
+  redis.call('EXPIRE', KEYS[1], IDLE)
+  return f6(cur - now)
+
+elseif op == 'dead' then
+  -- KEYS: exit   ARGV: op, seconds
+  local until_ = now + tonumber(ARGV[2])
+  if until_ > num(redis.call('HGET', KEYS[1], 'dead'), NEG) then
+    redis.call('HSET', KEYS[1], 'dead', f6(until_))
+  end
+  redis.call('EXPIRE', KEYS[1], IDLE)
+  return f6(now)
+
+elseif op == 'renew' then
+  -- KEYS: procs, then one lease key per token   ARGV: op, process id, ttl, tokens...
+  local ttl = tonumber(ARGV[3])
+  for i = 2, #KEYS do
+    redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[i + 2])
+  end
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('EXPIRE', KEYS[1], IDLE)
+  return {f6(now), redis.call('ZCARD', KEYS[1])}
+
+elseif op == 'learn_get' then
+  -- KEYS: learn
+  local f = redis.call('HMGET', KEYS[1], 'v', 'blob')
+  return {f[1] or '0', f[2] or ''}
+
+elseif op == 'learn_put' then
+  -- KEYS: learn   ARGV: op, the version this update was made from, blob
+  -- compare-and-set: an update made from stale knowledge loses and gets the current state
+  local f = redis.call('HMGET', KEYS[1], 'v', 'blob')
+  local v = f[1] or '0'
+  if v ~= ARGV[2] then
+    return {0, v, f[2] or ''}
+  end
+  local nv = redis.call('HINCRBY', KEYS[1], 'v', 1)
+  redis.call('HSET', KEYS[1], 'blob', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], LEARN_IDLE)
+  return {1, tostring(nv), ''}
+
+elseif op == 'time' then
+  return f6(now)
+end
+
+return redis.error_reply('exitlimit: unknown operation ' .. tostring(op))

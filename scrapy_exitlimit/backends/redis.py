@@ -1,0 +1,493 @@
+"""Shared exit state in Redis: many ``scrapy crawl`` processes, one set of limits per exit.
+
+Each admission is one round trip: a Lua script checks the origin budget, the
+pair buckets, cooldowns and bans, and the exits' lease counts for a list of
+candidate exits, and either takes them all (granting up to ``want`` leases)
+or answers how long to wait. Time is Redis ``TIME``; this process runs its
+control laws on a clock that follows Redis time, so what it writes into
+shared state is in Redis time too.
+
+What is shared: pacing (GCRA) per pair, cooldowns and bans per pair,
+evictions per exit, leases per exit (with expiry, renewed by a heartbeat, so
+a killed process frees its places within ``LEASE_TTL``), the origin budget,
+and what the pool learned per origin (a versioned blob, updated by
+compare-and-set: an update made from stale knowledge loses and the current
+state is adopted, so one congestion event lowers the rate once across all
+processes).
+
+When Redis goes away mid-crawl the crawl goes on: by default on local state
+(each process pacing at its share of the rates), or paused
+(``EXITLIMIT_REDIS_ON_ERROR = "pause"``), while it reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Coroutine
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred
+
+from ..core import Event, Lease
+from .base import Admission, Backend
+
+try:
+    import redis
+    import redis.asyncio as aioredis
+except ImportError as exc:  # pragma: no cover - the redis extra is missing
+    raise ImportError("the Redis backend needs redis-py: pip install 'scrapy-exitlimit[redis]'") \
+        from exc
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+    from ..config import ExitLimitConfig
+
+logger = logging.getLogger(__name__)
+
+#: a lease not renewed for this long is free again (its process died)
+LEASE_TTL = 15.0
+HEARTBEAT = LEASE_TTL / 3
+#: candidate exits sent per admission call (the best this process knows of)
+MAX_CANDIDATES = 32
+#: exits busy with other processes' leases: look again this soon (their
+#: releases do not wake this process)
+LEASE_POLL = 0.05
+RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
+#: a release waits this long for a call to ride along with (the next admission, usually)
+RELEASE_DELAY = 0.005
+ON_ERROR = ("local", "pause")
+#: scrapy-redis settings -> redis-py arguments
+_SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
+
+
+class RedisUnavailable(RuntimeError):
+    """Redis could not be reached when the crawl started."""
+
+
+def redis_settings(settings: Any) -> tuple[str | None, dict[str, Any], str]:
+    """(url, client arguments, where they came from), from EXITLIMIT_REDIS_URL or
+    scrapy-redis's REDIS_URL / REDIS_HOST / REDIS_PORT / REDIS_DB / REDIS_PARAMS."""
+    params = dict(settings.getdict("REDIS_PARAMS"))
+    params.pop("redis_cls", None)
+    for name, arg in _SCRAPY_REDIS.items():
+        if settings.get(name):
+            params[arg] = settings.get(name)
+    url = settings.get("EXITLIMIT_REDIS_URL") or settings.get("REDIS_URL")
+    source = ("EXITLIMIT_REDIS_URL" if settings.get("EXITLIMIT_REDIS_URL")
+              else "REDIS_URL" if url else "REDIS_HOST/REDIS_PORT" if params else "defaults")
+    timeout = float(settings.get("EXITLIMIT_REDIS_TIMEOUT") or 1.0)
+    if not timeout > 0:
+        raise ValueError("EXITLIMIT_REDIS_TIMEOUT must be > 0")
+    # a dead Redis must not stall admissions for scrapy-redis's 30 s default
+    params["socket_timeout"] = params["socket_connect_timeout"] = timeout
+    params.pop("retry_on_timeout", None)
+    params.pop("encoding", None)
+    params["decode_responses"] = True
+    return url, params, source
+
+
+def _safe_url(url: str | None, params: dict[str, Any]) -> str:
+    if url:
+        from ..core import mask_url
+
+        return mask_url(url)
+    return f"redis://{params.get('host', 'localhost')}:{params.get('port', 6379)}"
+
+
+class RedisBackend(Backend):
+    synchronous = False
+
+    def __init__(self, config: ExitLimitConfig, settings: Any) -> None:
+        self._offset = time.time() - time.monotonic()
+        self._last_now = -math.inf
+        super().__init__(config)
+        self.url, self.params, self.source = redis_settings(settings)
+        self.prefix = str(settings.get("EXITLIMIT_REDIS_PREFIX") or "exitlimit")
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError(f"EXITLIMIT_REDIS_PREFIX ({self.prefix!r}) must not contain braces: "
+                             "it becomes the keys' hash tag")
+        self.on_error = str(settings.get("EXITLIMIT_REDIS_ON_ERROR") or "local")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"EXITLIMIT_REDIS_ON_ERROR ({self.on_error!r}) must be one of "
+                             f"{', '.join(ON_ERROR)}")
+        self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.shared = True
+        self.processes = 1
+        self._client: aioredis.Redis | None = None
+        self._script: Any = None
+        self._lua = resources.files(__package__).joinpath("exitlimit.lua").read_text()
+        self._learn_seen: dict[str, str] = {}  # origin -> version this process knows
+        self._marks: dict[str, tuple] = {}  # origin -> learning_mark at the last sync
+        self._publishing: set[str] = set()
+        self._shared_leases: set[int] = set()
+        #: lease releases not yet sent: they ride along with the next call
+        self._releases: list[tuple[list[str], list[Any]]] = []
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._heartbeat: asyncio.Task | None = None
+        self._reconnect: asyncio.Task | None = None
+        self._closed = False
+        self.round_trips = 0
+        self.errors = 0
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, config: ExitLimitConfig) -> RedisBackend:
+        backend = cls(config, crawler.settings)
+        backend.ping()
+        return backend
+
+    def describe(self) -> str:
+        return f"redis at {_safe_url(self.url, self.params)} (prefix {self.prefix})"
+
+    # -- keys (all with the prefix as hash tag: one Cluster slot) ----------------
+    def _key(self, kind: str, *parts: str) -> str:
+        return f"{{{self.prefix}}}:{kind}:" + "|".join(parts)
+
+    # -- clock: follows Redis TIME -------------------------------------------
+    def clock(self) -> float:
+        now = time.monotonic() + self._offset
+        if now < self._last_now:  # never backwards, even when the offset is corrected
+            return self._last_now
+        self._last_now = now
+        return now
+
+    def _observe_time(self, redis_now: float, received: float) -> None:
+        # Redis read its clock before the reply arrived: each reply gives a lower bound
+        # of the offset, so this clock never runs ahead of Redis (timers never fire early)
+        self._offset = redis_now - received if self.round_trips <= 1 else max(
+            self._offset, redis_now - received)
+
+    # -- connection -------------------------------------------------------------
+    def ping(self) -> None:
+        """Blocking, once at start: fail the crawl early and clearly."""
+        setting = self.source if self.source != "defaults" else "EXITLIMIT_REDIS_URL or REDIS_URL"
+        try:
+            client = (redis.Redis.from_url(self.url, **self.params) if self.url
+                      else redis.Redis(**self.params))
+            with client:
+                seconds, micros = client.time()
+                self._offset = seconds + micros / 1e6 - time.monotonic()
+        except (redis.RedisError, OSError, ValueError) as exc:
+            raise RedisUnavailable(
+                f"EXITLIMIT_BACKEND is redis but Redis at {_safe_url(self.url, self.params)} "
+                f"(from {setting}) cannot be reached: {exc}") from None
+
+    def _connect(self) -> None:
+        """The asyncio client, created on the running loop."""
+        self._client = (aioredis.Redis.from_url(self.url, **self.params) if self.url
+                        else aioredis.Redis(**self.params))
+        self._script = self._client.register_script(self._lua)
+
+    async def _call(self, keys: list[str], args: list[Any]) -> Any:
+        """One script call, in one round trip with the releases waiting to go out."""
+        if self._client is None:
+            self._connect()
+        self.round_trips += 1
+        releases, self._releases = self._releases, []
+        if not releases:
+            return await self._script(keys=keys, args=args)
+        pipe = self._client.pipeline(transaction=False)
+        for rkeys, rargs in releases:
+            await self._script(keys=rkeys, args=rargs, client=pipe)  # queued, not sent
+        await self._script(keys=keys, args=args, client=pipe)
+        return (await pipe.execute())[-1]
+
+    def _flush_releases(self) -> None:
+        self._flush_timer = None
+        if self._releases and self.shared:
+            rkeys, rargs = self._releases.pop()
+            self._spawn(self._shared_op(rkeys, rargs))  # carries the rest along
+
+    def open(self) -> None:
+        self._connect()
+        self._heartbeat = asyncio.ensure_future(self._beat())
+
+    def close(self) -> Deferred | None:
+        self._closed = True
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+        for task in (self._heartbeat, self._reconnect, *self._tasks):
+            if task is not None:
+                task.cancel()
+        if self._client is None:
+            return None
+        client, self._client = self._client, None
+        return Deferred.fromFuture(asyncio.ensure_future(self._release_all(client)))
+
+    async def _release_all(self, client: aioredis.Redis) -> None:
+        """Leases still held at close go back now, not when they expire."""
+        try:
+            if self.shared:
+                pipe = client.pipeline(transaction=False)
+                for rkeys, rargs in self._releases:
+                    await self._script(keys=rkeys, args=rargs, client=pipe)
+                self._releases.clear()
+                for lease_id in list(self._shared_leases):
+                    lease = self.limiter.leases.get(lease_id)
+                    if lease is not None:
+                        pipe.zrem(self._key("lease", lease.exit_id), self._token(lease_id))
+                pipe.zrem(self._key("procs"), self.process_id)
+                await pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            logger.debug("exitlimit: could not hand leases back to Redis at close: %s", exc)
+        finally:
+            await client.aclose()
+
+    def _token(self, lease_id: int) -> str:
+        return f"{self.process_id}:{lease_id}"
+
+    # -- trouble --------------------------------------------------------------
+    def _lost(self, exc: BaseException) -> None:
+        self.errors += 1
+        if not self.shared or self._closed:
+            return
+        self.shared = False
+        self._shared_leases.clear()
+        self._releases.clear()
+        if self.on_error == "local":
+            self.limiter.share = 1.0 / max(self.processes, 1)
+            logger.warning("exitlimit: Redis lost (%s): continuing on local state at 1/%d of "
+                           "each pair's rate while reconnecting", exc, self.processes)
+        else:
+            logger.warning("exitlimit: Redis lost (%s): admissions paused while reconnecting "
+                           "(EXITLIMIT_REDIS_ON_ERROR=pause)", exc)
+        self._reconnect = asyncio.ensure_future(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        attempt = 0
+        while not self._closed:
+            await asyncio.sleep(RECONNECT_BACKOFF[min(attempt, len(RECONNECT_BACKOFF) - 1)])
+            attempt += 1
+            try:
+                if self._client is not None:
+                    await self._client.aclose()
+                self._connect()
+                reply = await self._call([self._key("procs")], ["time"])
+                self._observe_time(float(reply), time.monotonic())
+            except (redis.RedisError, OSError) as exc:
+                logger.debug("exitlimit: Redis still unreachable (%s)", exc)
+                continue
+            self.shared = True
+            self.limiter.share = 1.0
+            self._learn_seen.clear()  # Redis may have restarted empty: publish what we know
+            self._marks.clear()
+            logger.warning("exitlimit: Redis is back after %d attempt(s): shared state resumed",
+                           attempt)
+            return
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _shared_op(self, keys: list[str], args: list[Any]) -> Any:
+        """A fire-and-forget update of shared state; trouble switches to local state."""
+        if not self.shared:
+            return None
+        try:
+            return await self._call(keys, args)
+        except (redis.RedisError, OSError) as exc:
+            self._lost(exc)
+            return None
+
+    async def _beat(self) -> None:
+        """Renew this process's leases and presence; count the processes sharing the pool."""
+        while not self._closed:
+            await asyncio.sleep(HEARTBEAT)
+            if not self.shared:
+                continue
+            keys, tokens = [self._key("procs")], []
+            for lease_id in self._shared_leases:
+                lease = self.limiter.leases.get(lease_id)
+                if lease is not None:
+                    keys.append(self._key("lease", lease.exit_id))
+                    tokens.append(self._token(lease_id))
+            reply = await self._shared_op(keys, ["renew", self.process_id, LEASE_TTL, *tokens])
+            if reply is not None:
+                self.processes = int(reply[1])
+
+    # -- admission ------------------------------------------------------------
+    def admit(self, origin: str, want: int, now: float) -> Deferred:
+        return Deferred.fromFuture(asyncio.ensure_future(self._admit(origin, want)))
+
+    async def _admit(self, origin: str, want: int) -> Admission:
+        if not self.shared:
+            return self._admit_locally(origin, want)
+        limiter = self.limiter
+        now = self.clock()
+        candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES)
+        if not candidates:
+            return Admission([], earliest)
+        ol = limiter.origin_state(origin).budget
+        keys = [self._key("origin", origin), self._key("learn", origin)]
+        args: list[Any] = ["admit", want, self.process_id, 0, LEASE_TTL,
+                           ol.interval if ol is not None else 0,
+                           ol.tolerance if ol is not None else 0]
+        for c in candidates:
+            keys += [self._key("pair", origin, c.exit_id), self._key("lease", c.exit_id),
+                     self._key("exit", c.exit_id)]
+            args += [repr(c.interval), repr(c.tolerance), c.limit]
+        # lease ids are this process's own; the script names leases with them
+        first_id = args[3] = limiter.reserve_lease_ids(want)
+        try:
+            reply = await self._call(keys, args)
+        except (redis.RedisError, OSError) as exc:
+            self._lost(exc)
+            return self._admit_locally(origin, want)
+        received = time.monotonic()
+        redis_now, wait, lease_blocked, version = (float(reply[0]), float(reply[1]),
+                                                   int(reply[2]), str(reply[3]))
+        self._observe_time(redis_now, received)
+        leases = []
+        for i, (index, gap) in enumerate(zip(reply[4::2], reply[5::2], strict=True)):
+            lease = limiter.grant(origin, candidates[int(index) - 1].exit_id, redis_now,
+                                  float(gap), lease_id=first_id + i)
+            self._shared_leases.add(lease.id)
+            leases.append(lease)
+        if version != self._learn_seen.get(origin):
+            await self._pull_learning(origin, version)
+        self._sync_learning(origin)
+        if lease_blocked:
+            wait = min(wait, self.clock() + LEASE_POLL)
+        # a pair waiting for its first answer (single file) is woken by that answer
+        release_helps = bool(lease_blocked) or any(
+            p.single_file for p in limiter.origin_state(origin).pairs.values())
+        return Admission(leases, min(wait, earliest), release_helps)
+
+    def _admit_locally(self, origin: str, want: int) -> Admission:
+        now = self.clock()
+        if self.on_error == "pause":
+            return Admission([], now + LEASE_POLL * 10)
+        leases: list[Lease] = []
+        while len(leases) < want:
+            got = self.limiter.try_admit(origin, now)
+            if not isinstance(got, Lease):
+                return Admission(leases, got)
+            leases.append(got)
+        return Admission(leases, now)
+
+    # -- learned state ------------------------------------------------------------
+    async def _pull_learning(self, origin: str, version: str) -> None:
+        try:
+            got_version, blob = await self._call([self._key("learn", origin)], ["learn_get"])
+        except (redis.RedisError, OSError) as exc:
+            self._lost(exc)
+            return
+        self._adopt(origin, str(got_version), blob)
+
+    def _adopt(self, origin: str, version: str, blob: str) -> None:
+        self._learn_seen[origin] = version
+        if blob:
+            self.limiter.import_learning(origin, json.loads(blob))
+        self._marks[origin] = self.limiter.learning_mark(origin)
+
+    def _sync_learning(self, origin: str) -> None:
+        """Publish what this process learned since it last synced (one update in flight)."""
+        if not self.shared or origin in self._publishing:
+            return
+        mark = self.limiter.learning_mark(origin)
+        if mark == self._marks.get(origin):
+            return
+        self._publishing.add(origin)
+        self._spawn(self._publish(origin, mark))
+
+    async def _publish(self, origin: str, mark: tuple) -> None:
+        try:
+            blob = json.dumps(self.limiter.export_learning(origin))
+            base = self._learn_seen.get(origin, "0")
+            reply = await self._shared_op([self._key("learn", origin)],
+                                          ["learn_put", base, blob])
+            if reply is None:
+                return
+            ok, version, current = int(reply[0]), str(reply[1]), reply[2]
+            if ok:
+                self._learn_seen[origin] = version
+                self._marks[origin] = mark
+            else:  # someone else updated it first: theirs stands, ours is dropped
+                self._adopt(origin, version, current)
+        finally:
+            self._publishing.discard(origin)
+
+    # -- feedback ----------------------------------------------------------------
+    def release(self, lease_id: int, answered: bool = True) -> Lease | None:
+        lease = self.limiter.release(lease_id, answered)
+        if lease is not None and lease_id in self._shared_leases:
+            self._shared_leases.discard(lease_id)
+            pair = self.limiter.pair_state(lease.origin, lease.exit_id)
+            self._releases.append((
+                [self._key("lease", lease.exit_id), self._key("pair", lease.origin,
+                                                              lease.exit_id)],
+                ["release", self._token(lease_id), 1 if answered else 0,
+                 repr(self.limiter.arrival_slack(pair)), repr(pair.bucket.interval)]))
+            if self._flush_timer is None:
+                self._flush_timer = asyncio.get_running_loop().call_later(
+                    RELEASE_DELAY, self._flush_releases)
+        return lease
+
+    def _hold(self, origin: str, exit_id: str, field: str, until: float) -> None:
+        seconds = until - self.clock()
+        if seconds <= 0 or not self.shared:
+            return
+        bucket = self.limiter.pair_state(origin, exit_id).bucket
+        self._spawn(self._shared_op([self._key("pair", origin, exit_id)],
+                                    ["hold", field, repr(seconds), repr(bucket.tolerance)]))
+
+    def _after(self, origin: str, events: list[Event]) -> list[Event]:
+        """Publish the effect of feedback: holds, evictions, learned rates."""
+        if not self.shared:
+            return events
+        for ev in events:
+            if ev.exit_id is None:
+                continue
+            if ev.kind in ("cooldown", "quota_exhausted"):
+                pair = self.limiter.pair_state(ev.origin, ev.exit_id)
+                self._hold(ev.origin, ev.exit_id, "cool", pair.cooldown_until)
+            elif ev.kind == "pair_banned":
+                pair = self.limiter.pair_state(ev.origin, ev.exit_id)
+                self._hold(ev.origin, ev.exit_id, "ban", pair.banned_until)
+            elif ev.kind == "evicted":
+                health = self.limiter.exits[ev.exit_id].health
+                seconds = health.dead_until - self.clock()
+                self._spawn(self._shared_op([self._key("exit", ev.exit_id)],
+                                            ["dead", repr(max(seconds, 0.0))]))
+        if origin:
+            self._sync_learning(origin)
+        return events
+
+    def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
+        return self._after(lease.origin, super().success(lease, latency))
+
+    def rate_limited(self, lease: Lease, retry_after: float) -> list[Event]:
+        return self._after(lease.origin, super().rate_limited(lease, retry_after))
+
+    def announced(self, lease: Lease, rate: float | None, remaining: float | None,
+                  reset: float | None) -> list[Event]:
+        return self._after(lease.origin, super().announced(lease, rate, remaining, reset))
+
+    def banned(self, lease: Lease) -> list[Event]:
+        return self._after(lease.origin, super().banned(lease))
+
+    def overloaded(self, lease: Lease, retry_after: float | None) -> list[Event]:
+        events = super().overloaded(lease, retry_after)
+        if events and self.shared and retry_after:
+            budget = self.limiter.origin_state(lease.origin).budget
+            self._spawn(self._shared_op([self._key("origin", lease.origin)],
+                                        ["hold", "hold", repr(retry_after),
+                                         repr(budget.tolerance if budget else 0.0)]))
+        return self._after(lease.origin, events)
+
+    def proxy_fault(self, lease: Lease | None, exit_id: str) -> list[Event]:
+        return self._after(lease.origin if lease else "", super().proxy_fault(lease, exit_id))
+
+    def stats(self) -> dict[str, Any]:
+        return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,
+                "redis_processes": self.processes}

@@ -1,0 +1,107 @@
+"""A progress line every LOGSTATS_INTERVAL, like Scrapy's LogStats, for the exit pool::
+
+    exitlimit: exits 8 ready, 1 cooling, 0 banned, 1 dead; admitted 1200/min, 429 3/min, parked 14
+
+Enable with ``EXTENSIONS = {"scrapy_exitlimit.progress.ExitLimitProgress": 500}``. It
+asks ``crawler.exitlimit.snapshot()`` (the middleware sets ``crawler.exitlimit``) for
+a :class:`Snapshot`; without that attribute it stays quiet.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The pool right now: exits by state, and running totals since the crawl began."""
+
+    exits_ready: int = 0
+    exits_cooling: int = 0  # every pair of the exit cooling down or breaker-open
+    exits_banned: int = 0
+    exits_dead: int = 0  # evicted after proxy faults
+    admitted_total: int = 0
+    rate_limited_total: int = 0  # 429 answers
+    parked: int = 0  # requests waiting for admission now
+
+
+def format_progress(snap: Snapshot, prev: Snapshot | None, elapsed: float) -> str:
+    """The progress line; per-minute rates from the totals' change since ``prev``
+    (None: since zero) over ``elapsed`` seconds."""
+    if prev is None:
+        prev = Snapshot()
+    per_min = 60.0 / elapsed if elapsed > 0 else 0.0
+    admitted = max(0, snap.admitted_total - prev.admitted_total) * per_min
+    limited = max(0, snap.rate_limited_total - prev.rate_limited_total) * per_min
+    return (f"exitlimit: exits {snap.exits_ready} ready, {snap.exits_cooling} cooling, "
+            f"{snap.exits_banned} banned, {snap.exits_dead} dead; "
+            f"admitted {admitted:.0f}/min, 429 {limited:.0f}/min, parked {snap.parked}")
+
+
+def _looping_call(func: Any) -> Any:
+    try:  # Scrapy >= 2.14: an asyncio task when the asyncio reactor runs
+        from scrapy.utils.asyncio import create_looping_call
+    except ImportError:  # pragma: no cover - Scrapy 2.13
+        from twisted.internet.task import LoopingCall
+
+        return LoopingCall(func)
+    return create_looping_call(func)
+
+
+class ExitLimitProgress:
+    """Logs :func:`format_progress` every ``LOGSTATS_INTERVAL`` seconds."""
+
+    def __init__(self, crawler: Crawler, interval: float,
+                 clock: Any = time.monotonic) -> None:
+        self.crawler = crawler
+        self.interval = interval
+        self.clock = clock
+        self.task: Any = None
+        self._prev: Snapshot | None = None
+        self._prev_at = clock()
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> ExitLimitProgress:
+        settings = crawler.settings
+        if not settings.getbool("EXITLIMIT_ENABLED", True):
+            raise NotConfigured("EXITLIMIT_ENABLED is off")
+        interval = settings.getfloat("LOGSTATS_INTERVAL")
+        if not interval:
+            raise NotConfigured("LOGSTATS_INTERVAL is 0")
+        o = cls(crawler, interval)
+        crawler.signals.connect(o._spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(o._spider_closed, signal=signals.spider_closed)
+        return o
+
+    def _spider_opened(self, spider: Any = None) -> None:
+        self._prev, self._prev_at = None, self.clock()
+        self.task = _looping_call(self.log)
+        self.task.start(self.interval, now=False)
+
+    def _spider_closed(self, spider: Any = None, reason: str = "") -> None:
+        if self.task is not None and self.task.running:
+            self.task.stop()
+        self.task = None
+
+    def log(self) -> str | None:
+        """Log one line (and return it); None when there is no pool to report on."""
+        source = getattr(self.crawler, "exitlimit", None)
+        if source is None:
+            return None
+        snap = source.snapshot()
+        now = self.clock()
+        line = format_progress(snap, self._prev, now - self._prev_at)
+        self._prev, self._prev_at = snap, now
+        logger.info("%s", line)
+        return line

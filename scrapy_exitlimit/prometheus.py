@@ -1,0 +1,113 @@
+"""Prometheus metrics fed by the same calls as :class:`~scrapy_exitlimit.telemetry.Telemetry`.
+
+``EXITLIMIT_PROMETHEUS_PORT = 9410`` serves them on ``EXITLIMIT_PROMETHEUS_ADDR``
+(default ``127.0.0.1``). Needs ``pip install 'scrapy-exitlimit[prometheus]'``.
+
+Labels are exit ids (never URLs) and, for the pair rate only, the origin: a
+crawl of many origins makes that gauge as many series as pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .telemetry import EventLike
+
+PORT_SETTING = "EXITLIMIT_PROMETHEUS_PORT"
+ADDR_SETTING = "EXITLIMIT_PROMETHEUS_ADDR"
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise RuntimeError("Prometheus metrics need prometheus_client: "
+                           "pip install 'scrapy-exitlimit[prometheus]'") from None
+    return prometheus_client
+
+
+class PrometheusMetrics:
+    """Counters, gauges and histograms in ``registry`` (a new one unless given)."""
+
+    def __init__(self, registry: Any = None) -> None:
+        pc = _client()
+        self._server: Any = None  # the HTTP server from_settings started
+        self.registry = registry if registry is not None else pc.CollectorRegistry()
+        r = self.registry
+        self.admitted = pc.Counter("exitlimit_admitted", "Requests released to the downloader",
+                                   ["exit"], registry=r)
+        self.responses = pc.Counter("exitlimit_responses", "Answers, by what they meant",
+                                    ["exit", "signal"], registry=r)
+        self.adjustments = pc.Counter("exitlimit_adjustments", "Limiter adjustments by kind",
+                                      ["kind"], registry=r)
+        self.wait = pc.Histogram("exitlimit_wait_seconds", "Time requests were parked",
+                                 buckets=_BUCKETS, registry=r)
+        self.latency = pc.Histogram("exitlimit_latency_seconds", "Admission to answer",
+                                    ["exit"], buckets=_BUCKETS, registry=r)
+        self.pair_rate = pc.Gauge("exitlimit_pair_rate", "Pacing rate of a pair, r/s",
+                                  ["origin", "exit"], registry=r)
+        self.limit = pc.Gauge("exitlimit_exit_limit", "Concurrency limit of an exit",
+                              ["exit"], registry=r)
+        self.in_flight = pc.Gauge("exitlimit_in_flight", "Requests in flight on an exit",
+                                  ["exit"], registry=r)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> PrometheusMetrics | None:
+        """None unless ``EXITLIMIT_PROMETHEUS_PORT`` is set; then serve the metrics there."""
+        port = settings.get(PORT_SETTING)
+        if port in (None, ""):
+            return None
+        try:
+            port = int(port)
+            if not 0 <= port <= 65535:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ValueError(f"{PORT_SETTING} ({port!r}) must be a port number") from None
+        metrics = cls()
+        addr = settings.get(ADDR_SETTING) or "127.0.0.1"
+        try:
+            started = _client().start_http_server(port, addr=addr, registry=metrics.registry)
+        except OSError as exc:
+            raise ValueError(f"{PORT_SETTING} ({port}) cannot be served on {addr}: "
+                             f"{exc.strerror or exc}") from None
+        # prometheus_client >= 0.20 returns (server, thread): close() can stop it
+        metrics._server = started[0] if isinstance(started, tuple) else None
+        return metrics
+
+    def admission(self, origin: str, exit_id: str, wait: float, rate: float | None,
+                  limit: int | None, in_flight: int) -> None:
+        self.admitted.labels(exit_id).inc()
+        self.wait.observe(wait)
+        self._state(origin, exit_id, rate, limit, in_flight)
+
+    def response(self, origin: str, exit_id: str, status: int | None, signal: str | None,
+                 latency: float | None, rate: float | None, limit: int | None,
+                 in_flight: int) -> None:
+        self.responses.labels(exit_id, signal or "none").inc()
+        if latency is not None:
+            self.latency.labels(exit_id).observe(latency)
+        self._state(origin, exit_id, rate, limit, in_flight)
+
+    def adjustment(self, kind: str, origin: str, exit_id: str | None, detail: str) -> None:
+        self.adjustments.labels(kind).inc()
+
+    def events(self, events: Iterable[EventLike]) -> None:
+        for ev in events:
+            self.adjustment(ev.kind, ev.origin, ev.exit_id, ev.detail)
+
+    def close(self) -> None:
+        """Stop serving (if from_settings started the server); the values stay readable."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def _state(self, origin: str, exit_id: str, rate: float | None, limit: int | None,
+               in_flight: int) -> None:
+        if rate is not None:
+            self.pair_rate.labels(origin, exit_id).set(rate)
+        if limit is not None:
+            self.limit.labels(exit_id).set(limit)
+        self.in_flight.labels(exit_id).set(in_flight)

@@ -1,0 +1,256 @@
+"""The Redis backend in real crawls: one Redis, several crawls sharing their exits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import pytest_twisted
+import redis
+from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
+
+from scrapy_exitlimit.backends.redis import RedisBackend, RedisUnavailable, redis_settings
+from scrapy_exitlimit.config import ExitLimitConfig
+from scrapy_exitlimit.lab import Lab, OriginConfig
+from scrapy_exitlimit.lab.spider import PagesSpider
+from scrapy_exitlimit.middleware import ExitLimitMiddleware
+
+from .crawling import QUIET, crawl_lab
+from .redis_server import free_port
+
+EXITS = ["http://127.0.0.10:3128", "http://127.0.0.11:3128"]
+
+
+def redis_crawl_settings(url: str, **extra):
+    return {"EXITLIMIT_BACKEND": "redis", "EXITLIMIT_REDIS_URL": url, **extra}
+
+
+# -- settings and start-up ---------------------------------------------------------
+def test_connection_settings_come_from_scrapy_redis_and_can_be_overridden():
+    s = Settings({"REDIS_HOST": "10.0.0.5", "REDIS_PORT": 6380,
+                  "REDIS_PARAMS": {"password": "pw", "socket_timeout": 30}})
+    url, params, source = redis_settings(s)
+    assert url is None and source == "REDIS_HOST/REDIS_PORT"
+    assert params["host"] == "10.0.0.5" and params["port"] == 6380 and params["password"] == "pw"
+    assert params["socket_timeout"] == 1.0  # a dead Redis must not stall admissions for 30 s
+    s = Settings({"REDIS_URL": "redis://a:1", "EXITLIMIT_REDIS_URL": "redis://b:2"})
+    assert redis_settings(s)[0] == "redis://b:2"
+    assert redis_settings(Settings({"REDIS_URL": "redis://a:1"}))[2] == "REDIS_URL"
+
+
+def test_unreachable_redis_at_start_is_a_clear_error_naming_the_setting():
+    url = f"redis://:secretpw@127.0.0.1:{free_port()}/0"
+    crawler = get_crawler(PagesSpider, {**QUIET, "EXITLIMIT_EXITS": EXITS,
+                                        **redis_crawl_settings(url)})
+    with pytest.raises(RedisUnavailable, match="EXITLIMIT_REDIS_URL") as info:
+        ExitLimitMiddleware.from_crawler(crawler)
+    assert "secretpw" not in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "value"), [("EXITLIMIT_REDIS_ON_ERROR", "crash"),
+                                             ("EXITLIMIT_REDIS_PREFIX", "a{b}"),
+                                             ("EXITLIMIT_REDIS_TIMEOUT", "-1")])
+def test_bad_redis_settings_name_themselves(name, value):
+    settings = Settings({"EXITLIMIT_EXITS": EXITS, "EXITLIMIT_BACKEND": "redis", name: value})
+    with pytest.raises(ValueError, match=name):
+        RedisBackend(ExitLimitConfig.from_settings(settings), settings)
+
+
+def test_unknown_backend_names_the_setting():
+    crawler = get_crawler(PagesSpider, {**QUIET, "EXITLIMIT_EXITS": EXITS,
+                                        "EXITLIMIT_BACKEND": "no.such.Backend"})
+    with pytest.raises(ValueError, match="EXITLIMIT_BACKEND"):
+        ExitLimitMiddleware.from_crawler(crawler)
+
+
+# -- crawls --------------------------------------------------------------------------
+@pytest_twisted.ensureDeferred
+async def test_crawl_on_shared_state_loses_nothing_and_keeps_the_limit(redis_url):
+    lab = Lab(exits=3, origin=OriginConfig(rate=10, burst=1))
+    crawler = await crawl_lab(lab, redis_crawl_settings(redis_url, EXITLIMIT_RATE=9), 45)
+    spider, stats = crawler.spider, crawler.stats.get_stats()
+    assert len(spider.ok) == 45 and not spider.failed
+    assert lab.origin.total(429) == 0
+    for ip in lab.origin.ips():
+        assert lab.origin.max_in_window(ip, 1.0) <= 10
+    # an admission, a release, now and then a wake-up that finds no token yet
+    assert 45 < stats["exitlimit/redis_round_trips"] <= 4 * 45
+    with redis.Redis.from_url(redis_url) as client:
+        keys = client.keys("{exitlimit}:*")
+        assert any(k.startswith(b"{exitlimit}:pair:") for k in keys)
+        # the crawl gave its leases back when it closed
+        assert all(client.zcard(k) == 0 for k in keys if k.startswith(b"{exitlimit}:lease:"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_crawls_at_once_share_each_pairs_rate(redis_url):
+    """Two crawlers (one process, one Redis) on the same exits: together within the limit."""
+    lab = Lab(exits=2, origin=OriginConfig(rate=10, burst=1))
+    await lab.start()
+    try:
+        settings = {**QUIET, "EXITLIMIT_EXITS": lab.exit_urls,
+                    **redis_crawl_settings(redis_url, EXITLIMIT_RATE=9)}
+        a = get_crawler(PagesSpider, settings)
+        b = get_crawler(PagesSpider, settings)
+        da = a.crawl(base=lab.origin_url, pages=25, first=0)
+        db = b.crawl(base=lab.origin_url, pages=25, first=25)
+        started = time.monotonic()
+        await da
+        await db
+        wall = time.monotonic() - started
+    finally:
+        await lab.stop()
+    assert len(a.spider.ok) == 25 and len(b.spider.ok) == 25
+    assert lab.origin.total(429) == 0
+    for ip in lab.origin.ips():
+        assert lab.origin.max_in_window(ip, 1.0) <= 10
+    # 50 pages at 2 x 9 r/s shared: about 2.8 s; unshared it would be half that
+    assert wall >= 50 / 18 * 0.8
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_429_seen_by_one_crawl_cools_the_pair_for_the_other(redis_url):
+    backend_settings = Settings({"EXITLIMIT_EXITS": EXITS[:1], "EXITLIMIT_RATE": 100,
+                                 **redis_crawl_settings(redis_url)})
+    config = ExitLimitConfig.from_settings(backend_settings)
+    one, two = RedisBackend(config, backend_settings), RedisBackend(config, backend_settings)
+    one.open()
+    two.open()
+    try:
+        got = await one.admit("http://o", 1, one.clock())
+        lease = got.leases[0]
+        one.rate_limited(lease, 30.0)
+        await _drain(one)
+        got = await two.admit("http://o", 1, two.clock())
+        assert got.leases == []
+        assert got.wait - two.clock() == pytest.approx(30.0, abs=4.0)  # jitter is up to 10 %
+    finally:
+        await one.close()
+        await two.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_learning_is_shared_and_one_congestion_event_lowers_the_rate_once(redis_url):
+    settings = Settings({"EXITLIMIT_EXITS": EXITS, "EXITLIMIT_START_RATE": 8,
+                         **redis_crawl_settings(redis_url)})
+    config = ExitLimitConfig.from_settings(settings)
+    one, two = RedisBackend(config, settings), RedisBackend(config, settings)
+    one.open()
+    two.open()
+    origin = "http://o"
+    try:
+        a = (await one.admit(origin, 1, one.clock())).leases[0]
+        await _drain(one)
+        b = (await two.admit(origin, 1, two.clock())).leases[0]
+        await _drain(two)
+        assert a.rate == 16  # the pool's scout probes at twice the start rate
+        # both 429s belong to one congestion event: only the first teaches anything
+        one.rate_limited(a, 0.01)
+        await _drain(one)
+        two.rate_limited(b, 0.01)
+        await _drain(two)
+        await two.admit(origin, 1, two.clock())  # syncs what the pool learned
+        await _drain(two)
+        est_one = one.limiter.origin_state(origin).estimate
+        est_two = two.limiter.origin_state(origin).estimate
+        assert (est_one.lo, est_one.hi) == (est_two.lo, est_two.hi) == (8, 16)
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def _drain(backend: RedisBackend) -> None:
+    """Wait for the backend's fire-and-forget updates of shared state."""
+    import asyncio
+
+    from twisted.internet.defer import Deferred
+
+    while backend._tasks:
+        await Deferred.fromFuture(asyncio.gather(*list(backend._tasks),
+                                                 return_exceptions=True))
+
+
+@pytest_twisted.ensureDeferred
+async def test_leases_of_a_killed_process_expire(redis_url, monkeypatch):
+    import scrapy_exitlimit.backends.redis as backend_module
+
+    settings = Settings({"EXITLIMIT_EXITS": EXITS[:1], "EXITLIMIT_RATE": 1000,
+                         "EXITLIMIT_CONCURRENCY": 1, "EXITLIMIT_BURST": 5,
+                         **redis_crawl_settings(redis_url)})
+    config = ExitLimitConfig.from_settings(settings)
+    monkeypatch.setattr(backend_module, "LEASE_TTL", -1.0)  # the "dead" one's leases lapse
+    dead = RedisBackend(config, settings)
+    dead.open()
+    assert (await dead.admit("http://o", 1, dead.clock())).leases
+    dead._closed = True  # killed: no heartbeat, no release
+    monkeypatch.setattr(backend_module, "LEASE_TTL", 15.0)
+    alive = RedisBackend(config, settings)
+    alive.open()
+    try:
+        assert (await alive.admit("http://o", 1, alive.clock())).leases
+    finally:
+        await alive.close()
+
+
+# -- Redis trouble -------------------------------------------------------------------------
+@pytest_twisted.ensureDeferred
+async def test_redis_restarted_mid_crawl_loses_nothing(redis_server, redis_url, caplog):
+    """Redis dies mid-crawl: the crawl carries on on local state, then resumes shared."""
+    from twisted.internet import reactor
+    from twisted.internet.defer import ensureDeferred
+    from twisted.internet.task import deferLater
+
+    lab = Lab(exits=3, origin=OriginConfig(rate=20, burst=1))
+    settings = redis_crawl_settings(redis_url, EXITLIMIT_RATE=18, LOG_LEVEL="INFO")
+
+    async def outage():
+        await deferLater(reactor, 0.5, lambda: None)
+        redis_server.stop()
+        await deferLater(reactor, 1.0, lambda: None)
+        redis_server.start()
+
+    outage_done = ensureDeferred(outage())
+    crawler = await crawl_lab(lab, settings, 180)
+    await outage_done
+    spider, stats = crawler.spider, crawler.stats.get_stats()
+    assert len(spider.ok) == 180 and not spider.failed
+    assert stats["finish_reason"] == "finished"
+    assert stats["exitlimit/redis_errors"] >= 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("Redis lost" in m for m in messages)
+    assert any("Redis is back" in m for m in messages)
+
+
+def test_three_processes_share_their_exits_within_the_limit(redis_url):
+    """Separate crawl processes, one Redis: the origin sees each exit within its per-IP
+    limit. Paced 10 % under it, as the other lab tests: exact-limit runs are in bench/."""
+    lab = subprocess.Popen([sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", "4",
+                            "--rate", "10"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True)
+    try:
+        info = json.loads(lab.stdout.readline())
+        crawls = [subprocess.Popen(
+            [sys.executable, "-m", "scrapy_exitlimit.lab.crawl", "--origin", info["origin_url"],
+             "--exits", ",".join(info["exit_urls"]), "--pages", "40", "--first", str(40 * i),
+             "--set", "EXITLIMIT_BACKEND=redis", "--set", f"EXITLIMIT_REDIS_URL={redis_url}",
+             "--set", "EXITLIMIT_RATE=9"], stdout=subprocess.PIPE, text=True)
+            for i in range(3)]
+        results = []
+        for proc in crawls:
+            out, _ = proc.communicate(timeout=120)
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        from urllib.request import urlopen
+
+        with urlopen(info["origin_url"] + "/_lab/stats", timeout=10) as resp:
+            origin = json.loads(resp.read())
+    finally:
+        lab.terminate()
+        lab.wait(10)
+    assert [r["ok"] for r in results] == [40, 40, 40]
+    # unshared, three processes would each send the full rate: 3x the limit
+    assert origin["totals"]["status"].get("429", 0) == 0, origin["totals"]
+    assert all(r["exitlimit"]["exitlimit/redis_round_trips"] > 0 for r in results)

@@ -1,0 +1,191 @@
+"""The shared-state Lua script against a real redis-server, with Redis TIME."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+LUA = resources.files("scrapy_exitlimit.backends").joinpath("exitlimit.lua").read_text()
+P = "{t}"
+ORIGIN, LEARN = f"{P}:origin:o", f"{P}:learn:o"
+
+
+def pair(exit_id: str) -> str:
+    return f"{P}:pair:o|{exit_id}"
+
+
+def lease(exit_id: str) -> str:
+    return f"{P}:lease:{exit_id}"
+
+
+def exit_key(exit_id: str) -> str:
+    return f"{P}:exit:{exit_id}"
+
+
+@pytest.fixture
+def script(redis_url):
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client.register_script(LUA)
+    client.close()
+
+
+@pytest.fixture
+def client(redis_url):
+    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
+        yield c
+
+
+def admit(script, exits, *, want=1, interval=0.2, tol=0.0, limit=8, ttl=15.0, first_id=1,
+          origin_interval=0.0, origin_tol=0.0):
+    keys, args = [ORIGIN, LEARN], ["admit", want, "proc", first_id, ttl, origin_interval,
+                                   origin_tol]
+    for e in exits:
+        keys += [pair(e), lease(e), exit_key(e)]
+        args += [interval, tol, limit]
+    reply = script(keys=keys, args=args)
+    now, wait, blocked, version = float(reply[0]), float(reply[1]), int(reply[2]), reply[3]
+    granted = [(exits[int(i) - 1], float(g)) for i, g in zip(reply[4::2], reply[5::2],
+                                                              strict=True)]
+    return now, wait, blocked, version, granted
+
+
+def server_time(client) -> float:
+    s, us = client.time()
+    return s + us / 1e6
+
+
+def test_admit_takes_a_token_and_a_lease_and_answers_in_redis_time(script, client):
+    before = server_time(client)
+    now, wait, blocked, version, granted = admit(script, ["a"])
+    assert before <= now <= server_time(client)
+    assert [e for e, _ in granted] == ["a"]
+    assert version == "0"
+    # the pair's next token is one interval on, on Redis's clock
+    assert float(client.hget(pair("a"), "tat")) == pytest.approx(now + 0.2, abs=1e-5)
+    assert client.zcard(lease("a")) == 1
+    assert client.zscore(lease("a"), "proc:1") == pytest.approx(now + 15.0, abs=1e-5)
+
+
+def test_a_pair_without_a_token_answers_when_it_will_have_one(script):
+    now, *_ = admit(script, ["a"], interval=10.0)
+    now2, wait, blocked, _, granted = admit(script, ["a"], interval=10.0)
+    assert granted == []
+    assert wait == pytest.approx(now + 10.0, abs=1e-5)
+    assert blocked == 0
+
+
+def test_several_leases_in_one_call_spread_over_the_candidates(script):
+    *_, granted = admit(script, ["a", "b", "c"], want=5, interval=10.0)
+    assert sorted(e for e, _ in granted) == ["a", "b", "c"]  # one token per pair only
+
+
+def test_burst_allows_that_many_back_to_back(script):
+    *_, granted = admit(script, ["a"], want=5, interval=10.0, tol=20.0)
+    assert len(granted) == 3
+
+
+def test_an_exit_at_its_lease_limit_is_skipped_and_reported(script):
+    *_, granted = admit(script, ["a"], want=3, interval=0.0001, tol=1.0, limit=2)
+    assert len(granted) == 2
+    _, wait, blocked, _, granted = admit(script, ["a"], interval=0.0001, tol=1.0, limit=2)
+    assert granted == [] and blocked == 1 and wait == float("inf")
+
+
+def test_expired_leases_free_their_place(script, client):
+    admit(script, ["a"], limit=1, ttl=-1.0, interval=0.0001)  # a lease that expired already
+    *_, granted = admit(script, ["a"], limit=1, interval=0.0001, first_id=2)
+    assert [e for e, _ in granted] == ["a"]
+    assert client.zrange(lease("a"), 0, -1) == ["proc:2"]
+
+
+def test_release_frees_the_lease_and_re_anchors_pacing_on_arrival(script, client):
+    now, *_ = admit(script, ["a"], interval=0.2)
+    reply = script(keys=[lease("a"), pair("a")], args=["release", "proc:1", 1, 0.0, 0.2])
+    released_at = float(reply)
+    assert client.zcard(lease("a")) == 0
+    # answered at released_at: the next request one interval after that
+    assert float(client.hget(pair("a"), "tat")) == pytest.approx(released_at + 0.2, abs=1e-5)
+
+
+def test_cooldown_latest_deadline_wins_and_holds_the_bucket(script, client):
+    script(keys=[pair("a")], args=["hold", "cool", 30.0, 0.0])
+    left = float(script(keys=[pair("a")], args=["hold", "cool", 5.0, 0.0]))
+    assert left == pytest.approx(30.0, abs=0.5)  # a shorter Retry-After does not shorten it
+    now, wait, _, _, granted = admit(script, ["a"])
+    assert granted == [] and wait == pytest.approx(now + left, abs=0.5)
+    assert float(client.hget(pair("a"), "tat")) >= float(client.hget(pair("a"), "cool"))
+
+
+def test_a_cooling_pair_leaves_the_others_admissible(script):
+    script(keys=[pair("a")], args=["hold", "cool", 30.0, 0.0])
+    *_, granted = admit(script, ["a", "b"])
+    assert [e for e, _ in granted] == ["b"]
+
+
+def test_dead_exit_and_ban_block_admission(script):
+    script(keys=[exit_key("a")], args=["dead", 30.0])
+    script(keys=[pair("b")], args=["hold", "ban", 30.0, 0.0])
+    *_, granted = admit(script, ["a", "b", "c"], want=3)
+    assert [e for e, _ in granted] == ["c"]
+
+
+def test_origin_budget_caps_the_whole_origin(script):
+    *_, granted = admit(script, ["a", "b", "c"], want=3, interval=0.0001, origin_interval=10.0)
+    assert len(granted) == 1
+    now, wait, _, _, granted = admit(script, ["a", "b", "c"], interval=0.0001,
+                                     origin_interval=10.0)
+    assert granted == [] and wait == pytest.approx(now + 10.0, abs=0.1)
+
+
+def test_origin_hold_pauses_every_pair(script):
+    script(keys=[ORIGIN], args=["hold", "hold", 30.0, 0.0])
+    *_, granted = admit(script, ["a", "b"], origin_interval=0.001)
+    assert granted == []
+
+
+def test_gap_is_the_time_since_the_pairs_previous_admission(script):
+    *_, granted = admit(script, ["a"], interval=0.0001)
+    assert granted[0][1] > 1e9  # never admitted before
+    *_, granted = admit(script, ["a"], interval=0.0001, first_id=2)
+    assert 0 <= granted[0][1] < 1.0
+
+
+def test_learned_state_is_compare_and_set(script):
+    assert script(keys=[LEARN], args=["learn_get"]) == ["0", ""]
+    assert script(keys=[LEARN], args=["learn_put", "0", "first"]) == [1, "1", ""]
+    # an update made from version 0 is stale now: refused, with the current state
+    assert script(keys=[LEARN], args=["learn_put", "0", "second"]) == [0, "1", "first"]
+    assert script(keys=[LEARN], args=["learn_get"]) == ["1", "first"]
+    *_, version, _ = admit(script, ["a"])
+    assert version == "1"
+
+
+def test_renew_extends_leases_and_counts_live_processes(script, client):
+    now, *_ = admit(script, ["a"], ttl=1.0)
+    reply = script(keys=[f"{P}:procs", lease("a")], args=["renew", "p1", 15.0, "proc:1"])
+    assert int(reply[1]) == 1
+    assert client.zscore(lease("a"), "proc:1") > now + 10
+    # renewing a lease that is gone does not resurrect it
+    script(keys=[lease("a"), pair("a")], args=["release", "proc:1", 0, 0, 0.2])
+    script(keys=[f"{P}:procs", lease("a")], args=["renew", "p2", 15.0, "proc:1"])
+    assert client.zcard(lease("a")) == 0
+    assert int(script(keys=[f"{P}:procs"], args=["renew", "p3", 15.0])[1]) == 3
+
+
+def test_unknown_operation_is_an_error(script):
+    with pytest.raises(redis.ResponseError, match="unknown operation"):
+        script(keys=[ORIGIN], args=["nope"])
+
+
+def test_every_key_of_one_pool_shares_a_cluster_slot():
+    from scrapy_exitlimit.backends.redis import RedisBackend
+
+    key = RedisBackend._key
+    fake = type("B", (), {"prefix": "exitlimit"})()
+    keys = [key(fake, "pair", "https://a.example", "gw:7777~ab12"), key(fake, "lease", "x:1"),
+            key(fake, "origin", "http://b.example:8080"), key(fake, "learn", "o"),
+            key(fake, "exit", "[::1]:3128"), key(fake, "procs")]
+    assert len({key_slot(k.encode()) for k in keys}) == 1
