@@ -17,6 +17,7 @@ MIDDLEWARE = "scrapy_exitlimit.middleware.ExitLimitMiddleware"
 MIDDLEWARE_ORDER = 585
 #: parked requests count against CONCURRENT_REQUESTS: leave room for them
 PARKING_ROOM = 16
+PROGRESS = "scrapy_exitlimit.progress.ExitLimitProgress"
 #: keeps apart keep-alive connections of exits that differ only in their credentials
 DOWNLOAD_HANDLER = "scrapy_exitlimit.handlers.CredentialKeyedDownloadHandler"
 
@@ -45,6 +46,9 @@ class Addon:
                            "scrapy_exitlimit does not handle (dont_exitlimit)")
         self._size_concurrency(settings)
         self._install_handler(settings)
+        # the progress line beside Scrapy's own LogStats (500), every LOGSTATS_INTERVAL
+        settings.set("EXTENSIONS", {**settings.getdict("EXTENSIONS"), PROGRESS: 510},
+                     priority=_at_least_addon(settings, "EXTENSIONS"))
 
     @staticmethod
     def _install_handler(settings: BaseSettings) -> None:

@@ -35,9 +35,17 @@ class ExitsUnavailable(Exception):
     """No exit could serve the request's origin for EXITLIMIT_STALL_TIMEOUT (all banned/dead)."""
 
 
+class Repin(Exception):
+    """A sticky request's exit can no longer serve it: admit it anywhere and pin anew."""
+
+
+#: a queue per origin, and per (origin, exit) for requests pinned to an exit
+QueueKey = tuple[str, "str | None"]
+
+
 @dataclass
 class Waiter:
-    origin: str
+    key: QueueKey
     parked_at: float
     deferred: Deferred = field(default_factory=Deferred)
 
@@ -49,9 +57,10 @@ BATCH = 16
 class AdmissionQueue:
     """FIFO per origin; one timer, armed for the earliest moment anything could be admitted.
 
+    Requests pinned to an exit (sticky sessions) queue apart, per (origin, exit).
     Nothing polls: the timer is re-armed only when the earliest time changes,
     and a lease release wakes the queue at once (coalesced into one call).
-    With an asynchronous backend (Redis) each origin has at most one admission
+    With an asynchronous backend (Redis) each queue has at most one admission
     call in flight, asking for as many leases as it has waiters (up to BATCH).
     """
 
@@ -60,29 +69,35 @@ class AdmissionQueue:
         self.backend = backend
         self.clock = backend.clock
         self.on_admit = on_admit
-        self.queues: dict[str, deque[Waiter]] = {}
+        self.queues: dict[QueueKey, deque[Waiter]] = {}
         self.parked = 0
         self._timer: Any = None
         self._timer_at = math.inf
         self._soon: Any = None
-        self._pending: set[str] = set()  # origins with an admission call in flight
-        self._wait: dict[str, float] = {}  # origin -> when its last call said to ask again
-        self._deaf: set[str] = set()  # origins a released lease would not help now
+        self._pending: set[QueueKey] = set()  # queues with an admission call in flight
+        self._wait: dict[QueueKey, float] = {}  # when its last call said to ask again
+        self._deaf: set[QueueKey] = set()  # queues a released lease would not help now
         self.closed = False
 
-    def acquire(self, origin: str) -> Lease | Deferred:
-        """A lease now, or a Deferred that fires with one (or fails with HandedBack)."""
+    def origins(self) -> set[str]:
+        return {origin for origin, _ in self.queues}
+
+    def acquire(self, origin: str, only: str | None = None) -> Lease | Deferred:
+        """A lease now, or a Deferred that fires with one (or fails with HandedBack).
+
+        ``only``: on this exit (a sticky session's pin)."""
         if self.closed:
             raise HandedBack
         now = self.clock()
-        if self.backend.synchronous and not self.queues.get(origin):
-            got = self.backend.admit(origin, 1, now)
+        key = (origin, only)
+        if self.backend.synchronous and not self.queues.get(key):
+            got = self.backend.admit(origin, 1, now, only)
             assert isinstance(got, Admission)
             if got.leases:
                 self.on_admit(None, got.leases[0], now)
                 return got.leases[0]
-        waiter = Waiter(origin, now)
-        self.queues.setdefault(origin, deque()).append(waiter)
+        waiter = Waiter(key, now)
+        self.queues.setdefault(key, deque()).append(waiter)
         self.parked += 1
         self._process()
         return waiter.deferred
@@ -90,8 +105,8 @@ class AdmissionQueue:
     def wake(self) -> None:
         """State changed (a lease was released, a cooldown set): look again soon."""
         if self._soon is None and self.parked:
-            for origin in [o for o in self._wait if o not in self._deaf]:
-                del self._wait[origin]
+            for key in [k for k in self._wait if k not in self._deaf]:
+                del self._wait[key]
             self._soon = call_later(0, self._wake_now)
 
     def _wake_now(self) -> None:
@@ -104,24 +119,24 @@ class AdmissionQueue:
             return
         now = self.clock()
         earliest = math.inf
-        active = [o for o, q in self.queues.items() if q]
-        # round-robin over origins so one busy origin cannot take every lease first
+        active = [k for k, q in self.queues.items() if q]
+        # round-robin over queues so one busy origin cannot take every lease first
         while active:
             still = []
-            for origin in active:
-                got = self.backend.admit(origin, 1, now)
+            for key in active:
+                got = self.backend.admit(key[0], 1, now, key[1])
                 assert isinstance(got, Admission)
                 if got.leases:
-                    self._hand_out(origin, got.leases, now)
-                    if self.queues.get(origin):
-                        still.append(origin)
+                    self._hand_out(key, got.leases, now)
+                    if self.queues.get(key):
+                        still.append(key)
                 else:
                     earliest = min(earliest, got.wait)
             active = still
         self._arm(earliest, now)
 
-    def _hand_out(self, origin: str, leases: list[Lease], now: float) -> None:
-        queue = self.queues.get(origin) or deque()
+    def _hand_out(self, key: QueueKey, leases: list[Lease], now: float) -> None:
+        queue = self.queues.get(key) or deque()
         for lease in leases:
             if not queue:  # its waiter left meanwhile (closing): the lease goes back
                 self.backend.release(lease.id, answered=False)
@@ -131,46 +146,47 @@ class AdmissionQueue:
             self.on_admit(waiter, lease, now)
             waiter.deferred.callback(lease)
         if not queue:
-            self.queues.pop(origin, None)
+            self.queues.pop(key, None)
 
     def _process_async(self) -> None:
         now = self.clock()
-        for origin, queue in list(self.queues.items()):
-            if queue and origin not in self._pending and self._wait.get(origin, 0) <= now:
-                self._pending.add(origin)
-                d = self.backend.admit(origin, min(len(queue), BATCH), now)
-                d.addCallbacks(self._admitted, self._admit_failed, callbackArgs=(origin,),
-                               errbackArgs=(origin,))
+        for key, queue in list(self.queues.items()):
+            if queue and key not in self._pending and self._wait.get(key, 0) <= now:
+                self._pending.add(key)
+                d = self.backend.admit(key[0], min(len(queue), BATCH), now, key[1])
+                d.addCallbacks(self._admitted, self._admit_failed, callbackArgs=(key,),
+                               errbackArgs=(key,))
         self._arm_async(now)
 
-    def _admitted(self, got: Admission, origin: str) -> None:
-        self._pending.discard(origin)
+    def _admitted(self, got: Admission, key: QueueKey) -> None:
+        self._pending.discard(key)
         now = self.clock()
         if self.closed:
             for lease in got.leases:
                 self.backend.release(lease.id, answered=False)
             return
-        self._hand_out(origin, got.leases, now)
-        self._wait[origin] = now if got.leases else got.wait
+        self._hand_out(key, got.leases, now)
+        self._wait[key] = now if got.leases else got.wait
         if got.leases or got.release_helps:
-            self._deaf.discard(origin)
+            self._deaf.discard(key)
         else:
-            self._deaf.add(origin)
+            self._deaf.add(key)
         self._process_async()
 
-    def _admit_failed(self, failure: Any, origin: str) -> None:
-        self._pending.discard(origin)
-        logger.error("exitlimit: admission call failed for %s: %s", origin,
+    def _admit_failed(self, failure: Any, key: QueueKey) -> None:
+        self._pending.discard(key)
+        logger.error("exitlimit: admission call failed for %s: %s", key[0],
                      failure.getErrorMessage())
-        self._wait[origin] = self.clock() + 0.1
+        self._wait[key] = self.clock() + 0.1
         if not self.closed:
             self._arm_async(self.clock())
 
     def _arm_async(self, now: float) -> None:
-        waits = [self._wait.get(o, now) for o, q in self.queues.items()
-                 if q and o not in self._pending]
-        for origin in [o for o in self._wait if not self.queues.get(o)]:
-            del self._wait[origin]
+        waits = [self._wait.get(k, now) for k, q in self.queues.items()
+                 if q and k not in self._pending]
+        for key in [k for k in self._wait if not self.queues.get(k)]:
+            del self._wait[key]
+            self._deaf.discard(key)
         self._arm(min(waits, default=math.inf), now)
 
     def _arm(self, when: float, now: float) -> None:
@@ -188,13 +204,18 @@ class AdmissionQueue:
         self._timer_at = math.inf
         self._process()
 
-    def fail(self, origin: str, exc: Exception) -> int:
-        """Fail every request parked for ``origin``; returns how many."""
-        queue = self.queues.pop(origin, None) or deque()
-        self.parked -= len(queue)
-        for waiter in queue:
-            waiter.deferred.errback(exc)
-        return len(queue)
+    def fail(self, origin: str, exc: Exception, only: str | None | bool = False) -> int:
+        """Fail the requests parked for ``origin`` (only those pinned to exit ``only``
+        when given); returns how many."""
+        failed = 0
+        for key in [k for k in self.queues if k[0] == origin and (only is False
+                                                                 or k[1] == only)]:
+            queue = self.queues.pop(key)
+            self.parked -= len(queue)
+            failed += len(queue)
+            for waiter in queue:
+                waiter.deferred.errback(exc)
+        return failed
 
     def close(self) -> int:
         """Hand every parked request back; returns how many there were."""

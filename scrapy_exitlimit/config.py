@@ -11,7 +11,7 @@ from typing import Any
 
 from scrapy.exceptions import NotConfigured
 
-from .core import Exit, Limits, Tuning, parse_exit_list, parse_sessions
+from .core import Exit, Limits, Tuning, mask_url, parse_exit_list, parse_sessions
 from .core.exits import SESSION_FIELD, is_template
 
 logger = logging.getLogger(__name__)
@@ -29,17 +29,30 @@ def _number(settings: Any, name: str, *, integer: bool = False, minimum: float |
             return None
         raise ValueError(f"{name} must be set")
     try:
-        value = int(raw) if integer and not isinstance(raw, float) else float(raw)
+        value = float(raw)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} ({raw!r}) must be a number") from None
-    if integer and value != int(value):
-        raise ValueError(f"{name} ({raw!r}) must be a whole number")
+        raise ValueError(f"{name} ({_short(raw)}) must be a number") from None
+    except OverflowError:  # an int beyond what a float holds
+        raise ValueError(f"{name} must be finite") from None
     if math.isnan(value) or math.isinf(value):
-        raise ValueError(f"{name} ({raw!r}) must be finite")
+        raise ValueError(f"{name} ({_short(raw)}) must be finite")
+    if integer:
+        try:
+            exact = int(raw) if not isinstance(raw, float) else int(value)
+        except (TypeError, ValueError):
+            exact = None
+        if exact is None or exact != value:
+            raise ValueError(f"{name} ({_short(raw)}) must be a whole number")
+        value = exact
     if minimum is not None and (value <= minimum if strict else value < minimum):
         relation = ">" if strict else ">="
         raise ValueError(f"{name} ({raw!r}) must be {relation} {minimum:g}")
     return int(value) if integer else value
+
+
+def _short(raw: Any) -> str:
+    text = repr(raw)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_exit_urls(value: Any, name: str = "EXITLIMIT_EXITS") -> list[str]:
@@ -49,10 +62,14 @@ def read_exit_urls(value: Any, name: str = "EXITLIMIT_EXITS") -> list[str]:
     if isinstance(value, str):
         if "://" in value:
             return [u for u in value.replace(",", "\n").split() if u]
-        path = Path(value).expanduser()
-        if not path.is_file():
-            raise ValueError(f"{name} ({value!r}) is neither proxy URLs nor a readable file")
-        return path.read_text().splitlines()
+        try:
+            path = Path(value).expanduser()
+            if path.is_file():
+                return path.read_text().splitlines()
+        except (OSError, RuntimeError, ValueError) as exc:  # ~nobody, a NUL, too long
+            raise ValueError(f"{name} ({_short(value)}) cannot be read: "
+                             f"{type(exc).__name__}") from None
+        raise ValueError(f"{name} ({_short(value)}) is neither proxy URLs nor a readable file")
     if isinstance(value, (list, tuple)):
         return [str(u) for u in value]
     raise ValueError(f"{name} must be a list of proxy URLs or a path, got {type(value).__name__}")
@@ -81,18 +98,23 @@ def read_exits(settings: Any, *, warn: bool = True) -> list[Exit]:
 
 
 def _overrides(settings: Any, name: str, allowed: set[str]) -> dict[str, dict[str, Any]]:
-    raw = settings.getdict(name) if hasattr(settings, "getdict") else dict(settings.get(name) or {})
+    try:
+        raw = settings.getdict(name) if hasattr(settings, "getdict") else dict(
+            settings.get(name) or {})
+    except (TypeError, ValueError):  # a string that is not JSON, a list, a number
+        raise ValueError(f"{name} must be a dict of {{key: {{setting: value}}}}") from None
     out: dict[str, dict[str, Any]] = {}
     for key, spec in raw.items():
+        shown = mask_url(str(key))  # keyed by proxy URL, the key may hold a password
         if not isinstance(spec, Mapping):
-            raise ValueError(f"{name}[{key!r}] must be a dict, got {type(spec).__name__}")
-        unknown = set(spec) - allowed
+            raise ValueError(f"{name}[{shown!r}] must be a dict, got {type(spec).__name__}")
+        unknown = {str(k) for k in spec} - allowed
         if unknown:
-            raise ValueError(f"{name}[{key!r}]: unknown keys {sorted(unknown)}; "
+            raise ValueError(f"{name}[{shown!r}]: unknown keys {sorted(unknown)}; "
                              f"allowed: {sorted(allowed)}")
         entry: dict[str, Any] = {}
         for k, v in spec.items():
-            label = f"{name}[{key!r}][{k!r}]"
+            label = f"{name}[{shown!r}][{k!r}]"
             integer = k in ("burst", "origin_burst", "concurrency")
             entry[k] = _number({label: v}, label, integer=integer, minimum=0 if not integer else 1,
                                strict=not integer, optional=k == "origin_rate")
@@ -148,6 +170,8 @@ class ExitLimitConfig:
     lease_timeout: float
     policy: str
     backend: str = "memory"
+    #: a response header in which the provider names the exit's IP (None: not used)
+    exit_ip_header: str | None = None
 
     @property
     def rate_given(self) -> bool:
@@ -195,7 +219,12 @@ class ExitLimitConfig:
         backend = settings.get("EXITLIMIT_BACKEND") or "memory"
         if not isinstance(backend, str):
             backend = f"{backend.__module__}.{backend.__qualname__}"
+        header = settings.get("EXITLIMIT_EXIT_IP_HEADER") or None
+        if header is not None and (not isinstance(header, str) or not header.strip()
+                                   or any(c in header for c in " :\r\n")):
+            raise ValueError(f"EXITLIMIT_EXIT_IP_HEADER ({header!r}) must be a header name")
         config = cls(
+            exit_ip_header=header,
             backend=backend,
             exits=exits,
             limits=limits,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
@@ -13,12 +15,15 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 
-from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Waiter, call_later
+from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Repin, Waiter, call_later
 from .backends import load_backend
 from .config import ExitLimitConfig
 from .core import Event, Lease, bounded_cooldown, parse_retry_after
 from .core.ratelimit_headers import parse_ratelimit
 from .policy import ResponsePolicy, Signal
+from .progress import Snapshot
+from .prometheus import PrometheusMetrics
+from .telemetry import Telemetry
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -43,6 +48,18 @@ SIGNAL_STATS = {
     Signal.PROXY_FAULT: "exitlimit/proxy_fault",
 }
 CLOSE_REASON_NO_EXITS = "exitlimit_no_exits"
+#: sticky sessions remembered at most (the least recently used are forgotten)
+MAX_PINS = 100_000
+
+
+def exit_ip(value: bytes | None) -> str | None:
+    """The address in an exit-IP response header, or None when it is not one."""
+    if not value or len(value) > 64:
+        return None
+    try:
+        return str(ipaddress.ip_address(value.decode("ascii").strip()))
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 
 def origin_of(request: Request) -> str:
@@ -82,6 +99,13 @@ class ExitLimitMiddleware:
         self.policy: ResponsePolicy = policy_cls()
         self.exits = {ex.id: ex for ex in config.exits}
         self.queue = AdmissionQueue(self.backend, self._admitted)
+        #: sticky sessions: meta['exitlimit_session'] -> the exit it is pinned to
+        self.pins: OrderedDict[str, str] = OrderedDict()
+        self.telemetry = Telemetry.from_settings(crawler.settings)
+        metrics = PrometheusMetrics.from_settings(crawler.settings)
+        #: where admissions, answers and adjustments are recorded (telemetry, metrics)
+        self.sinks: list[Any] = [sink for sink in (self.telemetry, metrics) if sink is not None]
+        crawler.exitlimit = self  # type: ignore[attr-defined]  # the progress line reads it
         self._watch: Any = None
         self._cache: HttpCacheMiddleware | None = None
         self._blocked_since: dict[str, float] = {}
@@ -114,6 +138,8 @@ class ExitLimitMiddleware:
             self._watch = None
         for name, value in self.backend.stats().items():
             self.stats.set_value(f"exitlimit/{name}", value)
+        for sink in self.sinks:
+            sink.close()
         closing = self.backend.close()
         if closing is not None:
             await maybe_deferred_to_future(closing)
@@ -144,7 +170,8 @@ class ExitLimitMiddleware:
 
     def _check_stalls(self, now: float) -> None:
         timeout = self.config.stall_timeout
-        for origin in list(self.queue.queues):
+        self._check_pins(now)
+        for origin in self.queue.origins():
             if self.limiter.usable_exits(origin, now):
                 self._blocked_since.pop(origin, None)
                 continue
@@ -156,6 +183,13 @@ class ExitLimitMiddleware:
                 self.stats.inc_value("exitlimit/stalled", failed)
                 logger.warning("exitlimit: failing %d request(s) for %s: no usable exit for "
                                "%gs", failed, origin, timeout)
+
+    def _check_pins(self, now: float) -> None:
+        """Requests parked on a pinned exit that can no longer serve them: admit anywhere."""
+        for origin, only in [k for k in self.queue.queues if k[1] is not None]:
+            if not self.limiter.usable(origin, only, now):
+                moved = self.queue.fail(origin, Repin(), only)
+                self.stats.inc_value("exitlimit/session_repinned", moved)
 
     def _check_pool(self, now: float) -> bool:
         """The whole pool dead for EXITLIMIT_STALL_TIMEOUT: close the spider, loudly."""
@@ -194,10 +228,27 @@ class ExitLimitMiddleware:
         self.stats.inc_value("exitlimit/admitted")
         if self.config.stats_per_exit:
             self.stats.inc_value(f"exitlimit/exit/{lease.exit_id}/admitted")
+        waited = 0.0
         if waiter is not None:
             waited = now - waiter.parked_at
             self.stats.inc_value("exitlimit/wait_seconds", waited, start=0.0)
             self.stats.max_value("exitlimit/wait_seconds_max", waited)
+        if self.sinks:
+            estate = self.limiter.exits[lease.exit_id]
+            for sink in self.sinks:
+                sink.admission(lease.origin, lease.exit_id, waited, lease.rate, estate.limit,
+                               estate.in_flight)
+
+    def snapshot(self) -> Snapshot:
+        """Exits by state (for the origins now waiting, else all), totals, parked."""
+        now = self.limiter.clock()
+        counts = self.limiter.exit_states(now, self.queue.origins())
+        return Snapshot(
+            exits_ready=counts["ready"], exits_cooling=counts["cooling"],
+            exits_banned=counts["banned"], exits_dead=counts["dead"],
+            admitted_total=self.stats.get_value("exitlimit/admitted", 0),
+            rate_limited_total=self.stats.get_value("exitlimit/response_429", 0),
+            parked=self.queue.parked)
 
     async def process_request(self, request: Request, spider: Any = None) -> Request | None:
         if request.meta.get("dont_exitlimit") or urlparse_cached(request).scheme not in (
@@ -210,15 +261,26 @@ class ExitLimitMiddleware:
             return None
         origin = origin_of(request)
         parked_at = self.limiter.clock()
-        try:
-            got = self.queue.acquire(origin)
-            if not isinstance(got, Lease):
-                self.stats.inc_value("exitlimit/parked")
-                self.stats.max_value("exitlimit/parked_max", self.queue.parked)
-                got = await maybe_deferred_to_future(got)
-        except HandedBack:
-            self.stats.inc_value("exitlimit/requeued_on_close")
-            return self._fresh_copy(request)
+        session = request.meta.get("exitlimit_session")
+        pin = self._pin(origin, session, parked_at) if session is not None else None
+        while True:
+            try:
+                got = self.queue.acquire(origin, pin)
+                if not isinstance(got, Lease):
+                    self.stats.inc_value("exitlimit/parked")
+                    self.stats.max_value("exitlimit/parked_max", self.queue.parked)
+                    got = await maybe_deferred_to_future(got)
+                break
+            except HandedBack:
+                self.stats.inc_value("exitlimit/requeued_on_close")
+                return self._fresh_copy(request)
+            except Repin:  # its exit went bad while it waited
+                pin = None
+        if session is not None and pin is None:
+            self.pins[str(session)] = got.exit_id
+            self.pins.move_to_end(str(session))
+            while len(self.pins) > MAX_PINS:
+                self.pins.popitem(last=False)
         exit_ = self.exits[got.exit_id]
         meta = request.meta
         meta[LEASE_KEY] = got.id
@@ -227,6 +289,20 @@ class ExitLimitMiddleware:
         meta["proxy"] = exit_.url
         meta["download_slot"] = self._slot_for(exit_.id)
         meta["autothrottle_dont_adjust_delay"] = True
+        return None
+
+    def _pin(self, origin: str, session: Any, now: float) -> str | None:
+        """The exit a sticky session is pinned to, while it can serve the origin (else
+        None: the request goes to any exit and the session is pinned there)."""
+        pinned = self.pins.get(str(session))
+        if pinned is None:
+            return None
+        if self.limiter.usable(origin, pinned, now):
+            return pinned
+        del self.pins[str(session)]
+        self.stats.inc_value("exitlimit/session_repinned")
+        logger.debug("exitlimit: session pinned to %s re-pinned (exit banned or dead for %s)",
+                     pinned, origin)
         return None
 
     def _served_from_cache(self, request: Request) -> bool:
@@ -286,28 +362,41 @@ class ExitLimitMiddleware:
         signal = self.policy.classify_response(request, response)
         request.meta[SIGNAL_KEY] = signal.value
         self._count(signal, lease.exit_id)
+        events: list[Event] = []
+        if self.config.exit_ip_header:
+            ip = exit_ip(response.headers.get(self.config.exit_ip_header))
+            if ip is not None:
+                events += self.limiter.exit_ip_seen(lease.exit_id, ip)
         if signal is Signal.RATE_LIMITED:
             cooldown = bounded_cooldown(self._retry_after(response),
                                         floor=self.config.cooldown_min,
                                         cap=self.config.cooldown_max,
                                         default=self.config.cooldown_default)
-            events = self.backend.rate_limited(lease, cooldown)
+            events += self.backend.rate_limited(lease, cooldown)
         elif signal is Signal.OK:
             latency = self.limiter.clock() - lease.admitted_at
-            events = self.backend.success(lease, latency)
+            events += self.backend.success(lease, latency)
             quota = parse_ratelimit(response.headers, now=time.time())
             if quota is not None:
                 events += self.backend.announced(lease, quota.rate, quota.remaining, quota.reset)
         elif signal is Signal.BANNED:
-            events = self.backend.banned(lease)
+            events += self.backend.banned(lease)
         elif signal is Signal.OVERLOADED:
-            events = self.backend.overloaded(lease, self._retry_after(response))
+            events += self.backend.overloaded(lease, self._retry_after(response))
         elif signal is Signal.PROXY_FAULT:
-            events = self.backend.proxy_fault(lease, lease.exit_id)
-        else:
-            events = []
+            events += self.backend.proxy_fault(lease, lease.exit_id)
         self._report(events)
+        if self.sinks:
+            self._record_answer(lease, response.status, signal)
         self._release(request, answered=signal is not Signal.PROXY_FAULT)
+
+    def _record_answer(self, lease: Lease, status: int | None, signal: Signal) -> None:
+        estate = self.limiter.exits[lease.exit_id]
+        pair = self.limiter.pair_state(lease.origin, lease.exit_id)
+        latency = self.limiter.clock() - lease.admitted_at if status is not None else None
+        for sink in self.sinks:
+            sink.response(lease.origin, lease.exit_id, status, signal.value, latency,
+                          pair.bucket.rate, estate.limit, estate.in_flight)
 
     @staticmethod
     def _retry_after(response: Response) -> float | None:
@@ -325,6 +414,8 @@ class ExitLimitMiddleware:
     def _report(self, events: list[Event]) -> None:
         """One stat and one log line per adjustment (INFO with EXITLIMIT_DEBUG, else DEBUG)."""
         level = logging.INFO if self.config.debug else logging.DEBUG
+        for sink in self.sinks:
+            sink.events(events)
         for ev in events:
             if ev.kind != "cooldown":
                 self.stats.inc_value(f"exitlimit/{ev.kind}")
@@ -354,6 +445,9 @@ class ExitLimitMiddleware:
             return None
         self._count(signal, exit_id)
         self._report(self.backend.proxy_fault(None, exit_id))
+        for sink in self.sinks:
+            sink.response(origin_of(request), exit_id, None, signal.value, None, None, None,
+                          None)
         return self._reissue(request, signal, type(exception).__name__)
 
     def _reissue(self, request: Request, signal: Signal, what: str) -> Request | None:

@@ -87,6 +87,14 @@ def test_burst_allows_that_many_back_to_back(script):
     assert len(granted) == 3
 
 
+def test_a_slower_rate_does_not_free_the_burst_the_faster_one_spent(script):
+    *_, granted = admit(script, ["a"], want=4, interval=10.0, tol=30.0)  # burst 4
+    assert len(granted) == 4
+    # the rate halves: the wider tolerance must not hand out tokens at once
+    *_, granted = admit(script, ["a"], want=4, interval=20.0, tol=60.0, first_id=5)
+    assert granted == []
+
+
 def test_an_exit_at_its_lease_limit_is_skipped_and_reported(script):
     *_, granted = admit(script, ["a"], want=3, interval=0.0001, tol=1.0, limit=2)
     assert len(granted) == 2

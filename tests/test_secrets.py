@@ -1,4 +1,5 @@
-"""Must-show: proxy credentials appear in no log record (DEBUG, every logger) and no stat."""
+"""Must-show: proxy credentials appear in no log record (DEBUG, every logger), no stat, no
+telemetry line and no report."""
 
 from __future__ import annotations
 
@@ -69,12 +70,14 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest_twisted.ensureDeferred
-async def test_credentials_are_in_no_log_record_and_no_stat(scenario):
+async def test_credentials_are_in_no_log_record_no_stat_no_telemetry(scenario, tmp_path):
     make_lab, exit_settings = SCENARIOS[scenario]
     lab = make_lab()
     await lab.start()
     settings, forms = exit_settings(lab)
-    settings.update({"LOG_LEVEL": "DEBUG", "EXITLIMIT_DEBUG": True, "EXITLIMIT_RATE": 10,
+    telemetry = tmp_path / "telemetry.jsonl"
+    settings.update({"EXITLIMIT_TELEMETRY": str(telemetry),
+                     "LOG_LEVEL": "DEBUG", "EXITLIMIT_DEBUG": True, "EXITLIMIT_RATE": 10,
                      "EXITLIMIT_STATS_PER_EXIT": True, "EXITLIMIT_MAX_RETRIES": 20,
                      # a 429 costs a pair 0.2 s, not the origin's Retry-After: 1
                      "EXITLIMIT_COOLDOWN_MIN": 0.05, "EXITLIMIT_COOLDOWN_MAX": 0.2})
@@ -99,6 +102,19 @@ async def test_credentials_are_in_no_log_record_and_no_stat(scenario):
     assert "exitlimit" in logged and "~" in logged  # masked exit ids were logged
     dumped = repr(stats)
     assert "exitlimit/exit/" in dumped  # per-exit stats carry the masked ids
+    recorded = telemetry.read_text()
+    assert '"ev":"admit"' in recorded and '"ev":"response"' in recorded
+    report = summarize_file(telemetry)
+    assert "exit" in report
     leaks = [(where, i) for i, form in enumerate(forms)
-             for where, text in (("log", logged), ("stats", dumped)) if form in text]
+             for where, text in (("log", logged), ("stats", dumped), ("telemetry", recorded),
+                                 ("report", report)) if form in text]
     assert not leaks, f"credential forms (by index) found: {leaks}"
+
+
+def summarize_file(path) -> str:
+    from scrapy_exitlimit.report import load, summarize
+
+    records, malformed = load(path)
+    assert malformed == 0
+    return summarize(records)

@@ -19,3 +19,22 @@ EXITLIMIT_EXITS = os.environ.get("EXITLIMIT_EXITS", "exits.txt")
 # server's 429s), and at most how many requests one exit carries at once.
 EXITLIMIT_RATE = 5
 EXITLIMIT_CONCURRENCY = 8
+
+# Distributed mode: with EXITLIMIT_REDIS_URL in the environment, any number of
+# `scrapy crawl lab_distributed` processes share one request queue and one seen-set
+# (scrapy-redis) and one set of exit limits (scrapy_exitlimit's Redis backend), so together
+# they send each exit no more than EXITLIMIT_RATE. See README.md in this directory.
+# (Not switched by a plain REDIS_URL: hosting platforms set that one for other purposes.)
+if os.environ.get("EXITLIMIT_REDIS_URL"):
+    # scrapy-redis's connection; scrapy_exitlimit's backend uses REDIS_URL too
+    REDIS_URL = os.environ["EXITLIMIT_REDIS_URL"]
+    EXITLIMIT_BACKEND = "redis"
+    SCHEDULER = "scrapy_redis.scheduler.Scheduler"
+    DUPEFILTER_CLASS = "scrapy_redis.dupefilter.RFPDupeFilter"
+    # A process that finishes must not wipe the queue and the seen-set the others still
+    # use: start each crawl on an empty Redis (or delete the "<spider>:*" keys) instead.
+    SCHEDULER_PERSIST = True
+    # Not SCHEDULER_IDLE_BEFORE_CLOSE: it blocks the whole process in BRPOP, downloads and
+    # all. A RedisSpider idle (nothing queued anywhere, nothing in flight here) for this
+    # many seconds closes.
+    MAX_IDLE_TIME_BEFORE_CLOSE = 3

@@ -51,7 +51,9 @@ class Backend:
     def clock(self) -> float:
         return time.monotonic()
 
-    def admit(self, origin: str, want: int, now: float) -> Admission | Deferred:
+    def admit(self, origin: str, want: int, now: float,
+              only: str | None = None) -> Admission | Deferred:
+        """Up to ``want`` leases for ``origin`` (on exit ``only``, when given)."""
         raise NotImplementedError
 
     def open(self) -> None:
@@ -94,10 +96,11 @@ class Backend:
 class MemoryBackend(Backend):
     """All state in this process: right for one ``scrapy crawl`` per pool of exits."""
 
-    def admit(self, origin: str, want: int, now: float) -> Admission:
+    def admit(self, origin: str, want: int, now: float,
+              only: str | None = None) -> Admission:
         leases: list[Lease] = []
         while len(leases) < want:
-            got = self.limiter.try_admit(origin, now)
+            got = self.limiter.try_admit(origin, now, only)
             if not isinstance(got, Lease):
                 return Admission(leases, got)
             leases.append(got)

@@ -4,7 +4,8 @@
 -- agree. Every key carries the same {hash tag} (the key prefix), so one call's
 -- keys share a Redis Cluster slot; every key a call touches is passed in KEYS.
 --
---   pair  hash  (origin, exit): tat (GCRA), cool (cooldown end), ban (ban end), last (admitted)
+--   pair  hash  (origin, exit IP or id): tat (GCRA), tol (its burst tolerance), cool
+--               (cooldown end), ban (ban end), last (last admitted)
 --   lease zset  per exit: lease token -> expiry; expired tokens free their place
 --   exit  hash  per exit: dead (evicted until)
 --   origin hash per origin: tat (budget GCRA), hold (503 pause end)
@@ -45,13 +46,19 @@ if op == 'admit' then
     local pk, lk, ek = KEYS[3 * i], KEYS[3 * i + 1], KEYS[3 * i + 2]
     local a = 8 + 3 * (i - 1)
     redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
-    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last')
+    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol')
     local dead = num(redis.call('HGET', ek, 'dead'), NEG)
     c[i] = {
       interval = tonumber(ARGV[a]), tol = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 2]),
       tat = num(f[1], NEG), block = math.max(num(f[2], NEG), num(f[3], NEG), dead),
       last = num(f[4], NEG), busy = redis.call('ZCARD', lk), pk = pk, lk = lk,
     }
+    -- a slower rate widens the burst tolerance: keep the next token where it was,
+    -- or the tokens the faster rate had not yet refilled would all be free at once
+    local old_tol = tonumber(f[5])
+    if old_tol and c[i].tol > old_tol then
+      c[i].tat = c[i].tat + (c[i].tol - old_tol)
+    end
   end
   local out = {}
   local wait = math.huge
@@ -92,7 +99,7 @@ if op == 'admit' then
     x.busy = x.busy + 1
     redis.call('ZADD', x.lk, now + ttl, prefix .. ':' .. next_id)
     next_id = next_id + 1
-    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(now))
+    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(now), 'tol', f6(x.tol))
     redis.call('EXPIRE', x.pk, IDLE)
     redis.call('EXPIRE', x.lk, IDLE)
     out[#out + 1] = best

@@ -316,15 +316,15 @@ class RedisBackend(Backend):
                 self.processes = int(reply[1])
 
     # -- admission ------------------------------------------------------------
-    def admit(self, origin: str, want: int, now: float) -> Deferred:
-        return Deferred.fromFuture(asyncio.ensure_future(self._admit(origin, want)))
+    def admit(self, origin: str, want: int, now: float, only: str | None = None) -> Deferred:
+        return Deferred.fromFuture(asyncio.ensure_future(self._admit(origin, want, only)))
 
-    async def _admit(self, origin: str, want: int) -> Admission:
+    async def _admit(self, origin: str, want: int, only: str | None) -> Admission:
         if not self.shared:
-            return self._admit_locally(origin, want)
+            return self._admit_locally(origin, want, only)
         limiter = self.limiter
         now = self.clock()
-        candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES)
+        candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
         if not candidates:
             return Admission([], earliest)
         ol = limiter.origin_state(origin).budget
@@ -333,7 +333,7 @@ class RedisBackend(Backend):
                            ol.interval if ol is not None else 0,
                            ol.tolerance if ol is not None else 0]
         for c in candidates:
-            keys += [self._key("pair", origin, c.exit_id), self._key("lease", c.exit_id),
+            keys += [self._key("pair", origin, c.pair), self._key("lease", c.exit_id),
                      self._key("exit", c.exit_id)]
             args += [repr(c.interval), repr(c.tolerance), c.limit]
         # lease ids are this process's own; the script names leases with them
@@ -342,7 +342,7 @@ class RedisBackend(Backend):
             reply = await self._call(keys, args)
         except (redis.RedisError, OSError) as exc:
             self._lost(exc)
-            return self._admit_locally(origin, want)
+            return self._admit_locally(origin, want, only)
         received = time.monotonic()
         redis_now, wait, lease_blocked, version = (float(reply[0]), float(reply[1]),
                                                    int(reply[2]), str(reply[3]))
@@ -363,13 +363,13 @@ class RedisBackend(Backend):
             p.single_file for p in limiter.origin_state(origin).pairs.values())
         return Admission(leases, min(wait, earliest), release_helps)
 
-    def _admit_locally(self, origin: str, want: int) -> Admission:
+    def _admit_locally(self, origin: str, want: int, only: str | None) -> Admission:
         now = self.clock()
         if self.on_error == "pause":
             return Admission([], now + LEASE_POLL * 10)
         leases: list[Lease] = []
         while len(leases) < want:
-            got = self.limiter.try_admit(origin, now)
+            got = self.limiter.try_admit(origin, now, only)
             if not isinstance(got, Lease):
                 return Admission(leases, got)
             leases.append(got)
@@ -424,8 +424,8 @@ class RedisBackend(Backend):
             self._shared_leases.discard(lease_id)
             pair = self.limiter.pair_state(lease.origin, lease.exit_id)
             self._releases.append((
-                [self._key("lease", lease.exit_id), self._key("pair", lease.origin,
-                                                              lease.exit_id)],
+                [self._key("lease", lease.exit_id),
+                 self._key("pair", lease.origin, self.limiter.pair_key(lease.exit_id))],
                 ["release", self._token(lease_id), 1 if answered else 0,
                  repr(self.limiter.arrival_slack(pair)), repr(pair.bucket.interval)]))
             if self._flush_timer is None:
@@ -438,7 +438,7 @@ class RedisBackend(Backend):
         if seconds <= 0 or not self.shared:
             return
         bucket = self.limiter.pair_state(origin, exit_id).bucket
-        self._spawn(self._shared_op([self._key("pair", origin, exit_id)],
+        self._spawn(self._shared_op([self._key("pair", origin, self.limiter.pair_key(exit_id))],
                                     ["hold", field, repr(seconds), repr(bucket.tolerance)]))
 
     def _after(self, origin: str, events: list[Event]) -> list[Event]:

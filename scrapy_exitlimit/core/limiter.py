@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +128,7 @@ class Candidate:
     interval: float  # seconds between the pair's requests (GCRA emission interval)
     tolerance: float  # how far ahead of schedule a burst may run
     limit: int  # the exit's in-flight cap
+    pair: str  # where the pair's state lives: the exit IP when known, else the exit id
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class Lease:
     paced: bool  # admitted right on the pair's schedule (the pair was busy)
     gap: float  # time since the pair's previous admission
     was_full: bool  # this lease filled the exit's limit
+    pair: str = ""  # the pair key (exit IP or exit id) that counts it in flight
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ class Limiter:
         self.origins: dict[str, OriginState] = {}
         self.leases: dict[int, Lease] = {}
         self._next_lease_id = 1
+        #: exit id -> the address its requests leave from, when the provider tells
+        self.exit_ips: dict[str, str] = {}
         #: this process's share of every pair's rate: below 1 when processes that
         #: normally share state through a backend must each pace on their own
         self.share = 1.0
@@ -210,9 +214,15 @@ class Limiter:
             state = self.origins[origin] = OriginState(origin, budget, estimate)
         return state
 
+    def pair_key(self, exit_id: str) -> str:
+        """Where an exit's pair state lives: its exit IP when known, else its id (two
+        sessions the provider puts on one IP share one limit, as the server sees it)."""
+        return self.exit_ips.get(exit_id, exit_id)
+
     def pair_state(self, origin: str, exit_id: str) -> PairState:
         ostate = self.origin_state(origin)
-        pair = ostate.pairs.get(exit_id)
+        key = self.exit_ips.get(exit_id, exit_id)
+        pair = ostate.pairs.get(key)
         if pair is None:
             pl = self.limits.pair(origin, exit_id)
             t = self.tuning
@@ -222,7 +232,7 @@ class Limiter:
             else:  # learned: even pacing, no burst the server has not shown it takes
                 own = None
                 bucket = TokenBucket(ostate.estimate.lo, 1, t.margin)
-            pair = ostate.pairs[exit_id] = PairState(bucket, own)
+            pair = ostate.pairs[key] = PairState(bucket, own)
         return pair
 
     def pair_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
@@ -241,19 +251,27 @@ class Limiter:
         return rate
 
     # -- admission ---------------------------------------------------------
-    def try_admit(self, origin: str, now: float | None = None) -> Lease | float:
+    def _pool(self, only: str | None) -> Iterable[tuple[str, ExitState]]:
+        if only is None:
+            return self.exits.items()
+        return ((only, self.exits[only]),)
+
+    def try_admit(self, origin: str, now: float | None = None,
+                  only: str | None = None) -> Lease | float:
+        """``only``: admit on this exit or not at all (a sticky session's)."""
         now = self.clock() if now is None else now
         ostate = self.origin_state(origin)
         self._tick_estimate(ostate, now)
         best: tuple[tuple[float, float], ExitState, PairState] | None = None
         earliest = UNTIL_RELEASE
-        for exit_id, estate in self.exits.items():
+        for exit_id, estate in self._pool(only):
             if estate.health.dead(now):
                 earliest = min(earliest, estate.health.dead_until)
                 continue
             if estate.in_flight >= estate.limit:
                 continue
-            pair = ostate.pairs.get(exit_id) or self.pair_state(origin, exit_id)
+            pair = ostate.pairs.get(self.exit_ips.get(exit_id, exit_id)) or self.pair_state(
+                origin, exit_id)
             if pair.single_file:
                 continue  # its answer will wake the queue
             self._sync_rate(ostate, exit_id, pair)
@@ -277,8 +295,8 @@ class Limiter:
         pair.bucket.consume(now)
         return self._grant(ostate, estate, pair, now, gap)
 
-    def plan(self, origin: str, now: float | None = None,
-             limit: int | None = None) -> tuple[list[Candidate], float]:
+    def plan(self, origin: str, now: float | None = None, limit: int | None = None,
+             only: str | None = None) -> tuple[list[Candidate], float]:
         """For a shared backend: the exits this process would try, best first, and the
         earliest time an exit left out could come back (``UNTIL_RELEASE``: an answer).
 
@@ -291,11 +309,12 @@ class Limiter:
         self._tick_estimate(ostate, now)
         ranked: list[tuple[tuple[float, float], Candidate]] = []
         earliest = UNTIL_RELEASE
-        for exit_id, estate in self.exits.items():
+        for exit_id, estate in self._pool(only):
             if estate.health.dead(now):
                 earliest = min(earliest, estate.health.dead_until)
                 continue
-            pair = ostate.pairs.get(exit_id) or self.pair_state(origin, exit_id)
+            pair = ostate.pairs.get(self.exit_ips.get(exit_id, exit_id)) or self.pair_state(
+                origin, exit_id)
             if pair.single_file:
                 continue
             blocked = max(pair.cooldown_until, pair.banned_until)
@@ -305,7 +324,8 @@ class Limiter:
             self._sync_rate(ostate, exit_id, pair)
             bucket = pair.bucket
             ranked.append(((estate.in_flight / estate.limit, pair.last_admit),
-                           Candidate(exit_id, bucket.interval, bucket.tolerance, estate.limit)))
+                           Candidate(exit_id, bucket.interval, bucket.tolerance, estate.limit,
+                                     self.pair_key(exit_id))))
         ranked.sort(key=lambda item: item[0])
         return [c for _, c in ranked[:limit]], earliest
 
@@ -344,7 +364,7 @@ class Limiter:
         if lease_id is None:
             lease_id = self.reserve_lease_ids(1)
         lease = Lease(lease_id, ostate.key, exit_id, now, pair.bucket.rate, paced,
-                      gap, estate.in_flight >= estate.limit)
+                      gap, estate.in_flight >= estate.limit, self.pair_key(exit_id))
         self.leases[lease.id] = lease
         return lease
 
@@ -364,20 +384,42 @@ class Limiter:
             if now - ostate.scout_since > max(patience, 2.0):
                 ostate.scout = None
 
-    def usable_exits(self, origin: str, now: float | None = None) -> int:
-        """Exits that could ever serve this origin now: not dead, pair not banned/broken."""
+    def usable(self, origin: str, exit_id: str, now: float | None = None) -> bool:
+        """Whether this exit could serve this origin now: not dead, pair not banned/broken."""
         now = self.clock() if now is None else now
-        ostate = self.origin_state(origin)
-        count = 0
+        if self.exits[exit_id].health.dead(now):
+            return False
+        pair = self.origin_state(origin).pairs.get(self.pair_key(exit_id))
+        return pair is None or not (pair.banned_until > now or pair.breaker_opened and
+                                    pair.cooldown_until > now)
+
+    def usable_exits(self, origin: str, now: float | None = None) -> int:
+        """Exits that could ever serve this origin now."""
+        now = self.clock() if now is None else now
+        return sum(1 for exit_id in self.exits if self.usable(origin, exit_id, now))
+
+    def exit_states(self, now: float, origins: Iterable[str] = ()) -> dict[str, int]:
+        """How many exits are ready, cooling down, banned or dead, for these origins
+        (all known origins when none are given): the worst state across them counts."""
+        keys = [self.origins[o] for o in origins if o in self.origins] or list(
+            self.origins.values())
+        counts = {"ready": 0, "cooling": 0, "banned": 0, "dead": 0}
         for exit_id, estate in self.exits.items():
+            state = "ready"
             if estate.health.dead(now):
-                continue
-            pair = ostate.pairs.get(exit_id)
-            if pair is not None and (pair.banned_until > now or pair.breaker_opened and
-                                     pair.cooldown_until > now):
-                continue
-            count += 1
-        return count
+                state = "dead"
+            else:
+                for ostate in keys:
+                    pair = ostate.pairs.get(self.pair_key(exit_id))
+                    if pair is None:
+                        continue
+                    if pair.banned_until > now:
+                        state = "banned"
+                        break
+                    if pair.cooldown_until > now:
+                        state = "cooling"
+            counts[state] += 1
+        return counts
 
     def pool_alive(self, now: float | None = None) -> bool:
         now = self.clock() if now is None else now
@@ -392,8 +434,10 @@ class Limiter:
         lease = self.leases.pop(lease_id, None)
         if lease is not None:
             self.exits[lease.exit_id].in_flight -= 1
+            counted = self.origin_state(lease.origin).pairs.get(lease.pair)
+            if counted is not None:
+                counted.in_flight -= 1
             pair = self.pair_state(lease.origin, lease.exit_id)
-            pair.in_flight -= 1
             if answered:
                 self._answered(pair, lease)
         return lease
@@ -557,6 +601,9 @@ class Limiter:
         events: list[Event] = []
         if rate is not None and rate > 0:
             rate = min(max(rate, self.tuning.min_rate), self.tuning.max_rate)
+            configured = self.limits.pair(lease.origin, lease.exit_id).rate
+            if configured is not None:  # a configured rate stays a ceiling
+                rate = min(rate, configured)
             own = pair.own
             if own is None or own.ceiling != rate or own.lo != rate:
                 pair.own = RateEstimate(rate, floor=min(self.tuning.min_rate, rate), ceiling=rate)
@@ -584,7 +631,7 @@ class Limiter:
         if len(ostate.suspects) < max(2, math.ceil(0.2 * len(ostate.pairs))):
             return False
         for suspect in ostate.suspects:  # they were not slower: back to the pool's rate
-            ostate.pairs[suspect].own = None
+            self.pair_state(ostate.key, suspect).own = None
         ostate.suspects.clear()
         return True
 
@@ -655,6 +702,19 @@ class Limiter:
                                 f"{estate.health.dead_until - now:.0f}s"))
         return events
 
+    def exit_ip_seen(self, exit_id: str, ip: str) -> list[Event]:
+        """The provider says this exit's requests leave from ``ip``: pair state follows it.
+
+        A new address gets pair state of its own (governed from its first
+        request, as any new pair); the old address's cooldowns stay with the old
+        address, and two exits on one address share one pair.
+        """
+        old = self.exit_ips.get(exit_id)
+        if old == ip:
+            return []
+        self.exit_ips[exit_id] = ip
+        return [Event("exit_ip_changed", "", exit_id, f"{old or 'unknown'} -> {ip}")]
+
     # -- learned state, for sharing between processes ------------------------
     def learning_mark(self, origin: str) -> tuple:
         """Changes whenever what the origin's pairs learned changes (not on ceiling drift)."""
@@ -701,9 +761,9 @@ class Limiter:
             ostate.budget.set_rate(budget)
         owns = data["own"]
         for exit_id in set(owns) | set(ostate.pairs):
-            if exit_id not in self.exits:
+            if exit_id not in self.exits and exit_id not in ostate.pairs:
                 continue
-            pair = self.pair_state(origin, exit_id)
+            pair = ostate.pairs.get(exit_id) or self.pair_state(origin, exit_id)
             if exit_id in owns:
                 if pair.own is None:
                     pair.own = RateEstimate(1.0)

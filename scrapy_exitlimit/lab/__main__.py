@@ -1,6 +1,9 @@
 """Run the lab until SIGINT/SIGTERM; print one JSON line describing it to stdout.
 
 Example: python -m scrapy_exitlimit.lab --exits 10 --rate 5 --ban 127.0.0.12 --slow 127.0.0.13=1
+
+Faults: --fail 127.0.0.14=407 --reset 127.0.0.15=3 --reset-probability 127.0.0.16=0.2
+--blackhole 127.0.0.17 --stall /page/3 --stall-fraction 0.01 --seed 1
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ import asyncio
 import json
 import logging
 import sys
+from typing import Any
 
-from .lab import Lab
+from .lab import FIRST_EXIT_HOST, Lab
 from .origin import IPRule, OriginConfig
 
 logger = logging.getLogger("scrapy_exitlimit.lab")
@@ -25,6 +29,32 @@ def _slow(value: str) -> tuple[str, float]:
         return ip, float(rate)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected IP=RATE with RATE > 0, got {value!r}") from None
+
+
+def _ip_value(kind: type, what: str, ok: Any) -> Any:
+    def parse(value: str) -> tuple[str, Any]:
+        ip, sep, raw = value.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            parsed = kind(raw)
+            if not ok(parsed):
+                raise ValueError
+            return ip, parsed
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected IP={what}, got {value!r}") from None
+
+    return parse
+
+
+def _exit_index(ip: str, exits: int) -> int:
+    """The live exit bound to ``ip`` (exit i leaves from 127.0.0.{10+i})."""
+    prefix = "127.0.0."
+    last = ip[len(prefix):]
+    if ip.startswith(prefix) and last.isdigit() and 0 <= int(last) - FIRST_EXIT_HOST < exits:
+        return int(last) - FIRST_EXIT_HOST
+    raise ValueError(f"{ip} is not the address of a live exit (127.0.0.{FIRST_EXIT_HOST}.. with "
+                     f"--exits {exits})")
 
 
 def _credentials(value: str) -> tuple[str, str]:
@@ -58,6 +88,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratelimit-headers", action="store_true")
     p.add_argument("--proxy-auth", type=_credentials, default=None, metavar="USER:PASS")
     p.add_argument("--port", type=int, default=0, help="origin port (default: a free one)")
+    f = p.add_argument_group("faults (exits named by the IP they leave from)")
+    f.add_argument("--fail", nargs="+", action="extend", default=[], metavar="IP=STATUS",
+                   type=_ip_value(int, "STATUS", lambda s: 100 <= s <= 599),
+                   help="this exit answers every request with STATUS (e.g. 407, 502)")
+    f.add_argument("--reset", nargs="+", action="extend", default=[], metavar="IP=N",
+                   type=_ip_value(int, "N with N >= 1", lambda n: n >= 1),
+                   help="this exit cuts off every Nth response mid-body with a TCP reset")
+    f.add_argument("--reset-probability", nargs="+", action="extend", default=[],
+                   metavar="IP=P", type=_ip_value(float, "P in [0, 1]", lambda x: 0 <= x <= 1),
+                   help="this exit cuts off each response with probability P")
+    f.add_argument("--blackhole", nargs="+", action="extend", default=[], metavar="IP",
+                   help="this exit accepts connections and never answers")
+    f.add_argument("--stall", nargs="+", action="extend", default=[], metavar="PATH",
+                   help="the origin never answers this path (e.g. /page/3)")
+    f.add_argument("--stall-times", type=int, default=None, metavar="N",
+                   help="each --stall path stalls only its first N requests")
+    f.add_argument("--stall-fraction", type=float, default=0.0, metavar="F",
+                   help="the origin never answers this fraction of page requests")
+    f.add_argument("--seed", type=int, default=None, help="seed of the random faults")
     return p.parse_args(argv)
 
 
@@ -78,14 +127,47 @@ def build_lab(args: argparse.Namespace) -> Lab:
         per_ip=per_ip,
         ratelimit_headers=args.ratelimit_headers,
         capacity=args.capacity or None,
+        stall_paths=args.stall,
+        stall_times=args.stall_times,
+        stall_fraction=args.stall_fraction,
+        stall_seed=args.seed,
     )
+    proxy_kwargs: dict[int, dict[str, Any]] = {}
+
+    def fault(ip: str, **kwargs: Any) -> None:
+        proxy_kwargs.setdefault(_exit_index(ip, args.exits), {}).update(kwargs)
+
+    for ip, status in args.fail:
+        fault(ip, fail_status=status)
+    for ip, n in args.reset:
+        fault(ip, reset_every=n)
+    for ip, probability in args.reset_probability:
+        # one stream per exit: the same seed must not make them all fail in step
+        seed = None if args.seed is None else args.seed + _exit_index(ip, args.exits)
+        fault(ip, reset_probability=probability, seed=seed)
+    for ip in args.blackhole:
+        fault(ip, blackhole=True)
     return Lab(
         args.exits,
         config,
         dead_exits=args.dead,
         proxy_auth=args.proxy_auth,
+        proxy_kwargs=proxy_kwargs,
         origin_port=args.port,
     )
+
+
+def lab_faults(lab: Lab) -> dict[int, dict[str, Any]]:
+    """The faults configured on each live exit, by index (healthy exits left out)."""
+    out = {}
+    for i, proxy in enumerate(lab.proxies):
+        kw = {name: value for name, value in (
+            ("fail_status", proxy.fail_status), ("reset_every", proxy.reset_every),
+            ("reset_probability", proxy.reset_probability or None),
+            ("blackhole", proxy.blackhole or None)) if value is not None}
+        if kw:
+            out[i] = kw
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         args.ban or "none",
         dict(args.slow) or "none",
     )
+    faults = {lab.proxies[i].bind_ip: kw for i, kw in sorted(lab_faults(lab).items())}
+    if faults or cfg.stall_paths or cfg.stall_fraction:
+        logger.info("faults: exits %s; origin stalls %s (times %s), fraction %g",
+                    faults or "none", sorted(cfg.stall_paths) or "none",
+                    cfg.stall_times or "always", cfg.stall_fraction)
     # The shutdown waits for the Deferred, so ports and connections close before exit.
     reactor.addSystemEventTrigger("before", "shutdown", lab.stop)
     reactor.run()

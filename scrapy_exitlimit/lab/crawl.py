@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--exits", required=True, help="comma-separated proxy URLs")
     ap.add_argument("--pages", type=int, default=100)
     ap.add_argument("--first", type=int, default=0, help="number of the first page")
+    ap.add_argument("--count-only", action="store_true",
+                    help="count downloaded pages instead of keeping their URLs (soak runs)")
     ap.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
                     help="a Scrapy setting (VALUE parsed as JSON when it is JSON)")
     args = ap.parse_args(argv)
@@ -49,13 +51,14 @@ def main(argv: list[str] | None = None) -> None:
     }
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PagesSpider)
-    process.crawl(crawler, base=args.origin, pages=args.pages, first=args.first)
+    process.crawl(crawler, base=args.origin, pages=args.pages, first=args.first,
+                  keep_urls=not args.count_only)
     process.start()
     spider = crawler.spider
     stats = crawler.stats.get_stats()
     json.dump({
         "pages": args.pages,
-        "ok": len(spider.ok),
+        "ok": spider.ok_count,
         "failed": spider.failed,
         "wall": stats.get("elapsed_time_seconds"),
         "finish_reason": stats.get("finish_reason"),

@@ -3,6 +3,9 @@
 Every decision is made on arrival with a GCRA per client IP (and optionally one for the
 whole origin); every arrival is recorded so tests and the benchmark can check, after the
 fact, how hard each exit really hit the origin.
+
+A fault, off by default: the origin can *stall* chosen pages, or a fraction of page
+requests: accept them and never answer (``OriginConfig.stall_paths`` / ``stall_fraction``).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -72,8 +76,22 @@ class OriginConfig:
     # answers in service at once per client IP (each takes its latency); the rest queue
     # FIFO, so latency grows with concurrency past it. None: unbounded
     capacity: int | None = None
+    # Fault: page requests accepted and never answered (the client must time out). Paths
+    # as requested, e.g. {"/page/3"}; each stalls its first ``stall_times`` arrivals, then
+    # is served (None: stalls forever). ``stall_fraction`` stalls any page request with that
+    # probability, drawn from random.Random(stall_seed). A stall is decided before the
+    # limiters (it consumes nothing) and is recorded in ``Origin.stalled()``, not as an arrival.
+    stall_paths: Iterable[str] = ()
+    stall_times: int | None = None
+    stall_fraction: float = 0.0
+    stall_seed: int | None = None
 
     def __post_init__(self) -> None:
+        self.stall_paths = frozenset(self.stall_paths)  # a one-shot iterator is read once
+        if not 0.0 <= self.stall_fraction <= 1.0:
+            raise ValueError("stall_fraction must be in [0, 1]")
+        if self.stall_times is not None and self.stall_times < 1:
+            raise ValueError("stall_times must be >= 1 (None means always)")
         if self.retry_after_mode not in _MODES:
             raise ValueError(f"retry_after_mode must be one of {_MODES}")
         rates = [self.rate, self.origin_rate] + [r.rate for r in self.per_ip.values()]
@@ -269,6 +287,24 @@ class Origin(ListeningServer):
         self._origin_limiter = (
             GCRA(cfg.origin_rate, cfg.origin_burst, self.clock) if cfg.origin_rate else None
         )
+        self._stalled: list[tuple[float, str, str]] = []
+        self._stall_rng = random.Random(cfg.stall_seed)
+        self._stall_paths = frozenset(cfg.stall_paths)
+
+    def stalled(self) -> list[tuple[float, str, str]]:
+        """``(arrival time, client IP, path)`` of every request the origin stalled."""
+        return list(self._stalled)
+
+    def _stalls(self, path: bytes) -> bool:
+        cfg = self.config
+        if _route(path) is None or path == b"/":
+            return False  # pages only: the index and 404s are always answered
+        name = path.decode("latin-1")
+        if name in self._stall_paths:
+            if cfg.stall_times is None:
+                return True
+            return sum(1 for _, _, p in self._stalled if p == name) < cfg.stall_times
+        return cfg.stall_fraction > 0 and self._stall_rng.random() < cfg.stall_fraction
 
     def ips(self) -> list[str]:
         return sorted(self._stats)
@@ -306,7 +342,10 @@ class Origin(ListeningServer):
             ips[ip] = _summary(st.status, len(st.arrivals), st.accepted)
         arrivals = sum(len(st.arrivals) for st in self._stats.values())
         accepted = sum(len(st.accepted) for st in self._stats.values())
-        return {"ips": ips, "totals": _summary(total, arrivals, accepted)}
+        out: dict[str, Any] = {"ips": ips, "totals": _summary(total, arrivals, accepted)}
+        if self._stalled:
+            out["stalled"] = len(self._stalled)
+        return out
 
     # -- serving -----------------------------------------------------------------
 
@@ -329,6 +368,9 @@ class Origin(ListeningServer):
         cfg = self.config
         ip = request.getClientAddress().host
         now = self.clock()
+        if self._stalls(path):
+            self._stalled.append((now - self._t0, ip, path.decode("latin-1")))
+            return NOT_DONE_YET  # the connection stays open until the client gives up
         st = self._stats.get(ip)
         if st is None:
             st = self._stats[ip] = _IPStats()

@@ -5,12 +5,17 @@ reactor on import, closes the client connection after every response, and has no
 Client side: HTTP/1.1 keep-alive with pipelining handled one request at a time. Upstream:
 a persistent ``Agent`` pool whose connections are bound to ``bind_ip``, so the origin sees
 one client IP per proxy.
+
+Faults, each off by default: ``fail_status`` answers every request with that status,
+``reset_every`` / ``reset_probability`` cut a forwarded response off mid-body with a TCP
+reset, ``blackhole`` reads requests and never answers.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import random
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 _MAX_HEAD = 64 * 1024
 _CONNECT_TIMEOUT = 10
+#: seconds between the part of a cut-off response and the reset
+RESET_AFTER = 0.02
 # Never forwarded either way: hop-by-hop headers (RFC 9110 7.6.1) and the framing we redo.
 _HOP = frozenset(
     {
@@ -173,6 +180,7 @@ class _ClientConnection(Protocol):
         self._lost = False
         self._pending: Deferred[Any] | None = None
         self._tunnel: _Tunnel | None = None
+        self._abort: Any = None  # the pending reset of a response cut off on purpose
 
     def connectionMade(self) -> None:
         self.transport.setTcpNoDelay(True)
@@ -180,6 +188,8 @@ class _ClientConnection(Protocol):
 
     def connectionLost(self, reason: Any) -> None:
         self._lost = True
+        if self._abort is not None and self._abort.active():
+            self._abort.cancel()
         if self._pending is not None:
             self._pending.cancel()
         if self._tunnel is not None:
@@ -223,6 +233,9 @@ class _ClientConnection(Protocol):
     def _handle(self, method: bytes, target: bytes, headers: RawHeaders, body: bytes) -> None:
         proxy = self.proxy
         proxy.requests += 1
+        if proxy.blackhole:
+            proxy.blackholed += 1
+            return  # stays busy: neither this request nor any later one on it is answered
         auth = _get(headers, b"proxy-authorization")
         proxy.seen_auth.append((self.conn_id, None if auth is None else auth.decode("latin-1")))
         if not proxy._authorized(auth):
@@ -233,7 +246,9 @@ class _ClientConnection(Protocol):
             )
             return
         if proxy.fail_status is not None:
-            self._error(proxy.fail_status, b"lab proxy configured to fail")
+            extra = [(b"Proxy-Authenticate", b'Basic realm="lab"')] if proxy.fail_status == 407 \
+                else []
+            self._error(proxy.fail_status, b"lab proxy configured to fail", headers=extra)
             return
         if method == b"CONNECT":
             self._connect(target)
@@ -254,21 +269,23 @@ class _ClientConnection(Protocol):
         self._pending = d = maybeDeferred(
             proxy._agent.request, method, target, forward, _Body(body) if body else None
         )
-        d.addCallback(self._relay, method)
+        d.addCallback(self._relay, method, proxy._should_reset())
         d.addErrback(self._upstream_failed)
 
-    def _relay(self, response: IResponse, method: bytes) -> Deferred[None] | None:
+    def _relay(self, response: IResponse, method: bytes, reset: bool) -> Deferred[None] | None:
         code = response.code
         if method == b"HEAD" or code in (204, 304):
-            self._send_response(response, b"", method)
+            self._send_response(response, b"", method, reset)
             return None
         collect = _Collect()
         response.deliverBody(collect)
         d = collect.done
-        d.addCallback(lambda body: self._send_response(response, body, method))
+        d.addCallback(lambda body: self._send_response(response, body, method, reset))
         return d
 
-    def _send_response(self, response: IResponse, body: bytes, method: bytes) -> None:
+    def _send_response(
+        self, response: IResponse, body: bytes, method: bytes, reset: bool = False
+    ) -> None:
         self._pending = None
         headers = [
             (name, value)
@@ -276,11 +293,30 @@ class _ClientConnection(Protocol):
             if name.lower() not in _HOP
             for value in values
         ]
+        if self.proxy.exit_ip_header:  # as providers do: which address the request left from
+            headers.append((self.proxy.exit_ip_header.encode(), self.proxy.bind_ip.encode()))
         framed = not (method == b"HEAD" or response.code in (204, 304))
         if method == b"HEAD":  # keep the length the origin announced for the GET
             lengths = response.headers.getRawHeaders(b"content-length", [])
             headers += [(b"Content-Length", value) for value in lengths]
+        if reset:
+            self._reset(response.code, headers, body)
+            return
         self._reply(response.code, headers, body, framed=framed)
+
+    def _reset(self, status: int, headers: RawHeaders, body: bytes) -> None:
+        """The head announcing the whole body, half of the body, then a TCP RST."""
+        if self._lost:
+            return
+        self.proxy.resets += 1
+        out = [b"HTTP/1.1 %d %s\r\n" % (status, reason_phrase(status))]
+        out += [name + b": " + value + b"\r\n" for name, value in headers]
+        out += [b"Content-Length: %d\r\n\r\n" % len(body), body[: len(body) // 2]]
+        self.transport.writeSequence(out)
+        self._buf = b""
+        # abortConnection drops what is still buffered: let the reactor flush the part first
+        # (else the client sees no answer at all, and Twisted's client retries it silently)
+        self._abort = self.proxy._reactor.callLater(RESET_AFTER, self.transport.abortConnection)
 
     def _upstream_failed(self, failure: Any) -> None:
         self._pending = None
@@ -382,6 +418,14 @@ class ForwardProxy(ListeningServer):
     None)`` per request, connection ids counting from 1; :meth:`auth_by_connection` groups
     it. ``tunnel_ports`` maps the local port of each CONNECT tunnel's upstream connection
     (the client port the origin sees) to the id of the client connection that opened it.
+
+    Faults (all off by default; CONNECT tunnels are spliced as they are): ``reset_every=N``
+    cuts off every Nth forwarded response (the 1st of them is the Nth), ``reset_probability``
+    each one with that probability, drawn from ``random.Random(seed)``: the client gets the
+    head (whose Content-Length announces the whole body) and half the body, then a TCP RST;
+    ``resets`` counts them. ``blackhole=True`` accepts connections and reads requests but
+    never answers (``blackholed`` counts them); a 407 ``fail_status`` carries a
+    ``Proxy-Authenticate`` challenge.
     """
 
     kind = "proxy"
@@ -392,10 +436,30 @@ class ForwardProxy(ListeningServer):
         *,
         auth: tuple[str, str] | None = None,
         fail_status: int | None = None,
+        reset_every: int | None = None,
+        reset_probability: float = 0.0,
+        seed: int | None = None,
+        blackhole: bool = False,
+        exit_ip_header: str | None = None,
     ) -> None:
         self.bind_ip = bind_ip
+        #: a response header naming the address requests leave from (None: not sent)
+        self.exit_ip_header = exit_ip_header
         self.auth = auth
         self.fail_status = fail_status
+        if fail_status is not None and not 100 <= fail_status <= 599:
+            raise ValueError(f"fail_status must be an HTTP status, got {fail_status}")
+        if reset_every is not None and reset_every < 1:
+            raise ValueError(f"reset_every must be >= 1, got {reset_every}")
+        if not 0.0 <= reset_probability <= 1.0:
+            raise ValueError(f"reset_probability must be in [0, 1], got {reset_probability}")
+        self.reset_every = reset_every
+        self.reset_probability = reset_probability
+        self.blackhole = blackhole
+        self.resets = 0
+        self.blackholed = 0
+        self._forwarded = 0
+        self._rng = random.Random(seed)
         self.requests = 0
         self.connections = 0
         self.seen_auth: list[tuple[int, str | None]] = []
@@ -413,6 +477,13 @@ class ForwardProxy(ListeningServer):
         for conn, auth in self.seen_auth:
             out.setdefault(conn, set()).add(auth)
         return out
+
+    def _should_reset(self) -> bool:
+        """Whether the forwarded request just received gets its response cut off."""
+        self._forwarded += 1
+        if self.reset_every is not None and self._forwarded % self.reset_every == 0:
+            return True
+        return self.reset_probability > 0 and self._rng.random() < self.reset_probability
 
     def _authorized(self, header: bytes | None) -> bool:
         if self._expected is None:
@@ -432,6 +503,19 @@ class ForwardProxy(ListeningServer):
         )
         self._listening = reactor.listenTCP(port, _ProxyFactory(self), interface=interface)
         return self.port
+
+    def rebind(self, bind_ip: str) -> None:
+        """Leave from another address from now on, as a provider swapping the IP behind
+        a session does (idle upstream connections from the old address are closed)."""
+        old = self._pool
+        self.bind_ip = bind_ip
+        if self._reactor is not None:
+            self._pool = _QuietPool(self._reactor, persistent=True)
+            self._agent = Agent.usingEndpointFactory(
+                self._reactor, _BoundEndpoints(self._reactor, bind_ip), self._pool
+            )
+        if old is not None:
+            old.closeCachedConnections()
 
     def stop(self) -> Deferred[Any]:
         waits = []

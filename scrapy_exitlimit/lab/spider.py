@@ -9,13 +9,23 @@ import scrapy
 
 class PagesSpider(scrapy.Spider):
     """Fetches ``/page/first`` .. ``/page/first+N-1`` once each and records what came of
-    every one (``first`` lets several processes crawl disjoint pages)."""
+    every one (``first`` lets several processes crawl disjoint pages).
+
+    ``ok`` maps each downloaded URL to its status and ``failed`` each failed one to the
+    reason; ``ok_count`` counts the downloads. ``keep_urls=False`` (for long soak runs)
+    only counts: ``ok`` stays empty, so the spider's own memory does not grow per page.
+    """
 
     name = "lab_pages"
 
-    def __init__(self, base: str, pages: int | str, first: int | str = 0, **kwargs: Any) -> None:
+    def __init__(self, base: str, pages: int | str, first: int | str = 0,
+                 keep_urls: bool | str = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.base, self.pages, self.first = base.rstrip("/"), int(pages), int(first)
+        # a -a keep_urls=false from the command line arrives as a string
+        self.keep_urls = keep_urls if isinstance(keep_urls, bool) else \
+            keep_urls.lower() not in ("0", "false", "no")
+        self.ok_count = 0
         self.ok: dict[str, int] = {}
         self.failed: dict[str, str] = {}
 
@@ -24,7 +34,9 @@ class PagesSpider(scrapy.Spider):
             yield scrapy.Request(f"{self.base}/page/{i}", callback=self.parse, errback=self.error)
 
     def parse(self, response):
-        self.ok[response.url] = response.status
+        self.ok_count += 1
+        if self.keep_urls:
+            self.ok[response.url] = response.status
         yield {"url": response.url, "exit": response.meta.get("exitlimit_exit")}
 
     def error(self, failure):
