@@ -25,7 +25,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from scrapy_exitlimit.demo import per_exit_table, start_lab
 from scrapy_exitlimit.lab.redis_server import RedisServer
@@ -35,12 +35,15 @@ PROJECT = Path(__file__).resolve().parent
 
 def run(processes: int = 3, pages: int = 300, exits: int = 10, rate: float = 5.0,
         settings: Sequence[str] = (), timeout: float = 120.0, workdir: str | None = None,
-        out=sys.stdout) -> dict[str, Any]:
+        out: TextIO | None = None) -> dict[str, Any]:
     """Run the crawl; return what each process scraped and what the origin counted."""
     workdir = workdir or tempfile.mkdtemp(prefix="exitlimit-distributed-")
-    print_ = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+
+    def print_(*args: Any) -> None:
+        print(*args, file=out or sys.stdout, flush=True)
+
+    redis = RedisServer()  # before the lab: no redis-server, nothing to clean up
     lab, info = start_lab(exits, rate)
-    redis = RedisServer()
     procs: list[subprocess.Popen] = []
     try:
         redis.start()

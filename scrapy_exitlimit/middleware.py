@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ SIGNAL_KEY = "_exitlimit_signal"
 #: meta keys this middleware writes; cleared on every re-issue
 OWN_KEYS = (LEASE_KEY, SIGNAL_KEY, "exitlimit_exit", "exitlimit_wait", "proxy", "download_slot")
 CLOSE_WATCH_INTERVAL = 0.2
+#: how often idle pair and origin state is dropped (seconds)
+FORGET_EVERY = 60.0
 SLOT_PREFIX = "exitlimit@"
 #: answers after which the request is sent again through another exit
 REISSUE = {Signal.RATE_LIMITED, Signal.BANNED, Signal.OVERLOADED, Signal.PROXY_FAULT}
@@ -110,6 +113,7 @@ class ExitLimitMiddleware:
         self._cache: HttpCacheMiddleware | None = None
         self._blocked_since: dict[str, float] = {}
         self._pool_dead_since: float | None = None
+        self._forgot_at = -math.inf
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
@@ -158,6 +162,9 @@ class ExitLimitMiddleware:
             return
         now = self.limiter.clock()
         self._check_stalls(now)
+        if now - self._forgot_at > FORGET_EVERY:
+            self._forgot_at = now
+            self.stats.inc_value("exitlimit/pairs_forgotten", self.limiter.forget_idle(now))
         for lease in self.limiter.stale_leases(self.config.lease_timeout, now):
             self.backend.release(lease.id, answered=False)
             self.stats.inc_value("exitlimit/lease_reclaimed")
@@ -172,7 +179,7 @@ class ExitLimitMiddleware:
         timeout = self.config.stall_timeout
         self._check_pins(now)
         for origin in self.queue.origins():
-            if self.limiter.usable_exits(origin, now):
+            if self.limiter.any_usable(origin, now):
                 self._blocked_since.pop(origin, None)
                 continue
             since = self._blocked_since.setdefault(origin, now)

@@ -33,13 +33,14 @@ def test_the_project_is_distributed_only_with_exitlimit_redis_url(monkeypatch):
     assert shared["DUPEFILTER_CLASS"] == "scrapy_redis.dupefilter.RFPDupeFilter"
     assert shared["EXITLIMIT_BACKEND"] == "redis" and shared["REDIS_URL"].endswith(":2/0")
     assert shared["SCHEDULER_PERSIST"] is True and shared["MAX_IDLE_TIME_BEFORE_CLOSE"] > 0
+    assert shared["CONCURRENT_REQUESTS"] >= 1  # 0 is "no limit": one process would take all
 
 
 def test_two_processes_share_the_crawl_each_page_once_within_the_exits_limits(tmp_path):
     redis_binary()
-    pages, out = 40, io.StringIO()
+    pages, out, runner = 40, io.StringIO(), _runner()
     # each process may hold at most 8 requests, so neither can take the whole (small) crawl
-    result = _runner().run(
+    result = runner.run(
         processes=2, pages=pages, exits=4, rate=10,
         settings=["CONCURRENT_REQUESTS=8", "EXITLIMIT_CONCURRENCY=1",
                   "MAX_IDLE_TIME_BEFORE_CLOSE=2"],
@@ -51,5 +52,5 @@ def test_two_processes_share_the_crawl_each_page_once_within_the_exits_limits(tm
     assert all(n > 0 for n in result["items"]), report  # both took part
     assert result["concurrent_requests"] == [8, 8], report
     assert result["rejected"] <= 0.02 * (result["fetched"] + result["rejected"]), report
-    assert _runner().ok(result)
+    assert runner.ok(result)
     assert "all exits" in report and f"total:   {pages:>6}" in report

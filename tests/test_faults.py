@@ -203,7 +203,8 @@ async def test_a_407_exit_and_a_502_exit_are_evicted_and_the_healthy_ones_carry_
     stats = assert_accounted(crawler, 40, caplog)
     assert len(crawler.spider.ok) == 40
     faulty = lab.proxies[0].requests + lab.proxies[1].requests
-    assert 1 <= lab.proxies[0].requests <= 3 and 1 <= lab.proxies[1].requests <= 3
+    # evicted after 3 faults in a row; one more may have been in flight by then
+    assert 1 <= lab.proxies[0].requests <= 4 and 1 <= lab.proxies[1].requests <= 4
     assert stats["exitlimit/proxy_fault"] == faulty == stats["exitlimit/reissued/proxy_fault"]
     assert stats["exitlimit/evicted"] >= 2
     # the origin only ever saw the healthy exits, and each page once

@@ -10,10 +10,12 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import scrapy_exitlimit.core.limiter as limiter_module
 from scrapy_exitlimit.core import Lease, Limiter, Limits, RateEstimate, TokenBucket, Tuning
 from scrapy_exitlimit.core import make_exit as _make_exit
 
@@ -370,11 +372,33 @@ class Run:
                 self.cooldowns[origin, exit_id] = (pair.cooldown_until, pair.banned_until)
 
 
+@contextmanager
+def search(kind: str):
+    """``scan``: the small-pool search; ``index``: the large-pool one, forced on."""
+    saved = limiter_module.INDEX_ABOVE
+    limiter_module.INDEX_ABOVE = saved if kind == "scan" else 0
+    try:
+        yield
+    finally:
+        limiter_module.INDEX_ABOVE = saved
+
+
 @SETTINGS
 @given(configured_limits(), tunings, st.integers(1, 3), st.integers(0, 2 ** 32), limiter_ops)
 def test_limiter_with_a_configured_rate_never_exceeds_it(limits, tuning, n_exits, seed, ops):
+    check_configured_rate("scan", limits, tuning, n_exits, seed, ops)
+
+
+@SETTINGS
+@given(configured_limits(), tunings, st.integers(1, 3), st.integers(0, 2 ** 32), limiter_ops)
+def test_large_pool_search_never_exceeds_a_configured_rate(limits, tuning, n_exits, seed, ops):
+    check_configured_rate("index", limits, tuning, n_exits, seed, ops)
+
+
+def check_configured_rate(kind, limits, tuning, n_exits, seed, ops) -> None:
     run = Run(limits, tuning, n_exits, seed, with_announced=False)
-    run.run(ops)
+    with search(kind):
+        run.run(ops)
     for (origin, exit_id), times in run.admissions.items():
         pl = limits.pair(origin, exit_id)
         assert within_bound(times, pl.rate, pl.burst), (origin, exit_id, pl, times)

@@ -38,3 +38,10 @@ if os.environ.get("EXITLIMIT_REDIS_URL"):
     # all. A RedisSpider idle (nothing queued anywhere, nothing in flight here) for this
     # many seconds closes.
     MAX_IDLE_TIME_BEFORE_CLOSE = 3
+    # Each process takes up to CONCURRENT_REQUESTS requests out of the shared queue and
+    # parks them until an exit is ready. The add-on sizes it for the whole pool (exits x
+    # EXITLIMIT_CONCURRENCY + 16), so one process would hold most of a small crawl: take a
+    # share instead (never 0, which Scrapy reads as "no limit"). The lab answers at once,
+    # so 2 requests in flight per exit are plenty.
+    EXITLIMIT_CONCURRENCY = 2
+    CONCURRENT_REQUESTS = 24

@@ -324,6 +324,9 @@ class RedisBackend(Backend):
             return self._admit_locally(origin, want, only)
         limiter = self.limiter
         now = self.clock()
+        if origin not in limiter.origins:  # new, or forgotten while idle: learn it afresh
+            self._learn_seen.pop(origin, None)
+            self._marks.pop(origin, None)
         candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
         if not candidates:
             return Admission([], earliest)

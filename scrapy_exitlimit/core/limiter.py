@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import random
 from collections import deque
@@ -30,6 +32,12 @@ CONFIRMATIONS_NEAR_CEILING = 3
 RAISE_TRUST = 10.0
 #: a scout that has not settled its probe in this many intervals hands it on
 SCOUT_PATIENCE = 20
+#: pools larger than this are searched through a per-origin index, not a scan
+INDEX_ABOVE = 64
+#: pair state untouched this long (seconds), with nothing to remember, is dropped
+PAIR_IDLE = 600.0
+#: origin state untouched this long is dropped, what it learned included
+ORIGIN_IDLE = 3600.0
 
 
 @dataclass
@@ -92,6 +100,8 @@ class ExitState:
     concurrency: ConcurrencyLimit
     health: ExitHealth
     in_flight: int = 0
+    #: origins whose index set this exit aside until a lease on it is released
+    waiting: set[str] = field(default_factory=set)
 
     @property
     def limit(self) -> int:
@@ -118,6 +128,11 @@ class OriginState:
     #: exits that 429'd at the pool's rate since it last went up
     suspects: set[str] = field(default_factory=set)
     last_estimate_tick: float = -math.inf
+    #: large pools: exits by the time they could next be admitted (a lower bound,
+    #: checked when popped); exits set aside until a release are in no entry
+    index: list[tuple[float, int, str]] = field(default_factory=list)
+    indexed: set[str] = field(default_factory=set)
+    last_used: float = -math.inf
 
 
 @dataclass(frozen=True)
@@ -195,6 +210,7 @@ class Limiter:
         self.origins: dict[str, OriginState] = {}
         self.leases: dict[int, Lease] = {}
         self._next_lease_id = 1
+        self._index_seq = itertools.count()
         #: exit id -> the address its requests leave from, when the provider tells
         self.exit_ips: dict[str, str] = {}
         #: this process's share of every pair's rate: below 1 when processes that
@@ -211,7 +227,8 @@ class Limiter:
             # the start rate is a guess, not knowledge: 429s at it blame the pool, as a raise
             estimate = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate,
                                     raised_at=self.clock())
-            state = self.origins[origin] = OriginState(origin, budget, estimate)
+            state = self.origins[origin] = OriginState(origin, budget, estimate,
+                                                       last_used=self.clock())
         return state
 
     def pair_key(self, exit_id: str) -> str:
@@ -261,7 +278,10 @@ class Limiter:
         """``only``: admit on this exit or not at all (a sticky session's)."""
         now = self.clock() if now is None else now
         ostate = self.origin_state(origin)
+        ostate.last_used = now
         self._tick_estimate(ostate, now)
+        if only is None and len(self.exits) > INDEX_ABOVE:
+            return self._try_admit_indexed(ostate, now)
         best: tuple[tuple[float, float], ExitState, PairState] | None = None
         earliest = UNTIL_RELEASE
         for exit_id, estate in self._pool(only):
@@ -295,6 +315,56 @@ class Limiter:
         pair.bucket.consume(now)
         return self._grant(ostate, estate, pair, now, gap)
 
+    def _try_admit_indexed(self, ostate: OriginState, now: float) -> Lease | float:
+        """The large-pool search: the exit whose pair has been admissible longest.
+
+        Cost grows with the log of the pool: exits come off a heap in order of
+        when they could next be admitted; one that turns out busier (pacing,
+        cooldown, death) goes back with its real time; one at its lease limit
+        or waiting for its first answer is set aside until a release wakes it.
+        """
+        index = ostate.index
+        if not ostate.indexed and not index:
+            for exit_id in self.exits:
+                self._index(ostate, exit_id, -math.inf)
+        while index:
+            when, _, exit_id = index[0]
+            if when > now:
+                return when
+            heapq.heappop(index)
+            ostate.indexed.discard(exit_id)
+            estate = self.exits[exit_id]
+            if estate.health.dead(now):
+                self._index(ostate, exit_id, estate.health.dead_until)
+                continue
+            pair = ostate.pairs.get(self.pair_key(exit_id)) or self.pair_state(ostate.key,
+                                                                                exit_id)
+            if estate.in_flight >= estate.limit or pair.single_file:
+                estate.waiting.add(ostate.key)  # a release puts it back
+                continue
+            self._sync_rate(ostate, exit_id, pair)
+            ready = pair.ready_at(now)
+            if ready > now:
+                self._index(ostate, exit_id, ready)
+                continue
+            if ostate.budget is not None:
+                origin_ready = ostate.budget.ready_at(now)
+                if origin_ready > now:
+                    self._index(ostate, exit_id, now)
+                    return origin_ready
+                ostate.budget.consume(now)
+            gap = now - pair.last_admit
+            pair.bucket.consume(now)
+            lease = self._grant(ostate, estate, pair, now, gap)
+            self._index(ostate, exit_id, pair.ready_at(now))
+            return lease
+        return UNTIL_RELEASE
+
+    def _index(self, ostate: OriginState, exit_id: str, when: float) -> None:
+        if exit_id not in ostate.indexed:
+            ostate.indexed.add(exit_id)
+            heapq.heappush(ostate.index, (when, next(self._index_seq), exit_id))
+
     def plan(self, origin: str, now: float | None = None, limit: int | None = None,
              only: str | None = None) -> tuple[list[Candidate], float]:
         """For a shared backend: the exits this process would try, best first, and the
@@ -306,6 +376,7 @@ class Limiter:
         """
         now = self.clock() if now is None else now
         ostate = self.origin_state(origin)
+        ostate.last_used = now
         self._tick_estimate(ostate, now)
         ranked: list[tuple[tuple[float, float], Candidate]] = []
         earliest = UNTIL_RELEASE
@@ -393,6 +464,10 @@ class Limiter:
         return pair is None or not (pair.banned_until > now or pair.breaker_opened and
                                     pair.cooldown_until > now)
 
+    def any_usable(self, origin: str, now: float | None = None) -> bool:
+        now = self.clock() if now is None else now
+        return any(self.usable(origin, exit_id, now) for exit_id in self.exits)
+
     def usable_exits(self, origin: str, now: float | None = None) -> int:
         """Exits that could ever serve this origin now."""
         now = self.clock() if now is None else now
@@ -433,7 +508,13 @@ class Limiter:
         """
         lease = self.leases.pop(lease_id, None)
         if lease is not None:
-            self.exits[lease.exit_id].in_flight -= 1
+            estate = self.exits[lease.exit_id]
+            estate.in_flight -= 1
+            if estate.waiting:  # indexed origins that set this exit aside: look again
+                for origin in estate.waiting:
+                    if origin in self.origins:
+                        self._index(self.origins[origin], lease.exit_id, -math.inf)
+                estate.waiting.clear()
             counted = self.origin_state(lease.origin).pairs.get(lease.pair)
             if counted is not None:
                 counted.in_flight -= 1
@@ -777,6 +858,28 @@ class Limiter:
         """A configured pair's estimate that has learned nothing yet."""
         rate = self.limits.pair(origin, exit_id).rate
         return rate is not None and own.lo == rate and own.hi is None and own.ceiling == rate
+
+    def forget_idle(self, now: float | None = None) -> int:
+        """Drop state with nothing left to say, so long crawls over many origins stay in
+        bounded memory: pairs idle for PAIR_IDLE with no lease, cooldown, ban or limit of
+        their own; origins idle for ORIGIN_IDLE with no lease. Returns pairs dropped."""
+        now = self.clock() if now is None else now
+        busy = {lease.origin for lease in self.leases.values()}
+        dropped = 0
+        for key in list(self.origins):
+            ostate = self.origins[key]
+            if key not in busy and now - ostate.last_used > ORIGIN_IDLE:
+                dropped += len(ostate.pairs)
+                del self.origins[key]
+                continue
+            for pair_key, pair in list(ostate.pairs.items()):
+                if (pair.in_flight == 0 and now - pair.last_admit > PAIR_IDLE
+                        and pair.cooldown_until < now and pair.banned_until < now
+                        and pair_key != ostate.scout
+                        and (pair.own is None or self._pristine(key, pair_key, pair.own))):
+                    del ostate.pairs[pair_key]
+                    dropped += 1
+        return dropped
 
     def stale_leases(self, older_than: float, now: float | None = None) -> list[Lease]:
         now = self.clock() if now is None else now

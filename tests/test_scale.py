@@ -1,0 +1,81 @@
+"""Large pools: the indexed search, and idle state that is let go."""
+
+from __future__ import annotations
+
+import pytest_twisted
+
+from scrapy_exitlimit.core import Lease, Limiter, Limits, make_exit
+from scrapy_exitlimit.core import limiter as limiter_module
+from scrapy_exitlimit.lab import Lab, OriginConfig
+
+from .conftest import FakeClock
+from .crawling import crawl
+
+
+def big_limiter(n: int, clock: FakeClock, **limits) -> Limiter:
+    exits = [make_exit(f"http://u-{i}:p@127.0.0.1:{2000 + i}") for i in range(n)]
+    return Limiter(exits, Limits(**{"rate": 2.0, "burst": 1, **limits}), clock=clock)
+
+
+def test_large_pool_admits_each_exit_once_then_waits_for_the_earliest_token():
+    clock = FakeClock()
+    n = limiter_module.INDEX_ABOVE * 4
+    lim = big_limiter(n, clock)
+    leases = [lim.try_admit("http://o") for _ in range(n)]
+    assert all(isinstance(x, Lease) for x in leases)
+    assert len({x.exit_id for x in leases}) == n  # least recently used first: all of them
+    for lease in leases:
+        lim.release(lease.id)  # answered: each pair's next token is one interval on
+    assert lim.try_admit("http://o") == clock.now + 0.5 + lim.tuning.margin
+
+
+def test_large_pool_sets_busy_exits_aside_until_a_release():
+    clock = FakeClock()
+    lim = big_limiter(limiter_module.INDEX_ABOVE + 1, clock, rate=1000.0, concurrency=1)
+    held = [lim.try_admit("http://o") for _ in range(len(lim.exits))]
+    assert all(isinstance(x, Lease) for x in held)
+    clock.advance(1.0)
+    assert lim.try_admit("http://o") == limiter_module.UNTIL_RELEASE  # every exit full
+    lim.release(held[3].id)
+    clock.advance(0.01)  # past that pair's next token
+    again = lim.try_admit("http://o")
+    assert isinstance(again, Lease) and again.exit_id == held[3].exit_id
+
+
+def test_idle_pairs_and_origins_are_forgotten_but_not_what_still_matters():
+    clock = FakeClock()
+    lim = big_limiter(3, clock)
+    busy = lim.try_admit("http://busy")
+    cooled = lim.try_admit("http://o")
+    lim.release(cooled.id)
+    lim.rate_limited("http://o", cooled.exit_id, 3600.0, cooled)  # a long cooldown
+    idle = lim.try_admit("http://o")
+    lim.release(idle.id)
+    clock.advance(limiter_module.PAIR_IDLE + 1)
+    lim.try_admit("http://busy", clock.now + 0)  # keeps the origin in use
+    dropped = lim.forget_idle()
+    pairs = lim.origins["http://o"].pairs
+    assert idle.exit_id not in pairs and cooled.exit_id in pairs  # the cooldown is kept
+    assert dropped >= 1
+    clock.advance(limiter_module.ORIGIN_IDLE + 1)
+    lim.forget_idle()
+    assert "http://o" not in lim.origins
+    assert "http://busy" in lim.origins  # a lease is still out on it
+    assert busy.id in lim.leases
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_through_a_large_pool_of_gateway_sessions():
+    lab = Lab(exits=2, origin=OriginConfig(rate=None))
+    await lab.start()
+    try:
+        template = f"http://user-{{session}}:pw@127.0.0.1:{lab.proxies[0].port}"
+        crawler = await crawl({"EXITLIMIT_EXITS": [template], "EXITLIMIT_SESSIONS": 300,
+                               "EXITLIMIT_RATE": 50}, lab.origin_url, 60)
+    finally:
+        await lab.stop()
+    assert len(crawler.spider.ok) == 60
+    limiter = crawler.exitlimit.limiter
+    (ostate,) = limiter.origins.values()
+    assert len(limiter.exits) == 300 and ostate.indexed  # the indexed search ran
+    assert len({ex for ex in crawler.spider.ok}) == 60
