@@ -59,8 +59,8 @@ class ResponsePolicy:
         status = response.status
         if status == 429:
             return Signal.RATE_LIMITED
-        if status in self.proxy_fault_statuses:
-            return Signal.PROXY_FAULT
+        if status in self.proxy_fault_statuses or "dataloss" in response.flags:
+            return Signal.PROXY_FAULT  # a body cut off on the way counts as the path's fault
         if self.is_block_page(request, response):
             return Signal.BANNED
         if status == 503:

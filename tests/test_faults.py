@@ -283,10 +283,6 @@ async def test_when_every_exit_fails_every_page_fails_visibly_and_the_spider_clo
     assert lab.origin.total() == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "policy: a response cut off mid-body and delivered anyway (DOWNLOAD_FAIL_ON_DATALOSS="
-    "False, response.flags has 'dataloss') is classified OK: the exit is credited a "
-    "success and the truncated page reaches the spider without a proxy_fault"))
 @pytest_twisted.ensureDeferred
 async def test_a_truncated_answer_kept_by_fail_on_dataloss_false_is_a_proxy_fault(caplog):
     lab = Lab(exits=3, origin=OriginConfig(rate=None), proxy_kwargs={1: {"reset_every": 2}})
