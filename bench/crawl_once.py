@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import resource
 import sys
 
 from scrapy.crawler import CrawlerProcess
@@ -46,6 +47,13 @@ def strategy_settings(name: str, exits: list[str], rate: float, redis_url: str =
                 "EXITLIMIT_RATE": 1000}
     if name == "exitlimit-learned":
         return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits}
+    if name.startswith("exitlimit-pool"):  # N exits: gateway sessions over the lab's proxies
+        size = int(name.removeprefix("exitlimit-pool"))
+        templates = [u.replace("http://", "http://bench-{session}:pw@") for u in exits]
+        return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": templates,
+                "EXITLIMIT_SESSIONS": max(1, size // len(exits)), "EXITLIMIT_RATE": 1000,
+                # the same crawl whatever the pool: only the exits differ
+                "CONCURRENT_REQUESTS": 96}
     if name.startswith("exitlimit-redis"):  # the same, with state shared through Redis
         base = strategy_settings(name.replace("-redis", ""), exits, rate)
         return {**base, "EXITLIMIT_BACKEND": "redis", "EXITLIMIT_REDIS_URL": redis_url}
@@ -77,14 +85,18 @@ def main() -> None:
     process.start()
     spider = crawler.spider
     stats = crawler.stats.get_stats()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     json.dump({
         "strategy": args.strategy,
         "pages": args.pages,
         "ok": len(spider.ok),
         "failed": len(spider.failed),
-        "wall": stats["elapsed_time_seconds"],  # spider_opened to spider_closed
+        # first request to last outcome (Scrapy may notice the end up to 5 s later)
+        "wall": spider.crawl_seconds,
         "finish_reason": stats.get("finish_reason"),
         "requests": stats.get("downloader/request_count", 0),
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "max_rss_mb": usage.ru_maxrss / 1024,
         "exitlimit": {k: v for k, v in stats.items() if k.startswith("exitlimit/")},
     }, sys.stdout)
     print()

@@ -33,6 +33,10 @@ SCENARIOS = {
     # process (exitlimit) against state shared through Redis
     "shared": ([], lambda a: a.exits * a.rate,
                ["exitlimit", "exitlimit-redis", "exitlimit-redis-learned"]),
+    # admission cost against the pool's size: 10, 1000 and 10000 exits (gateway sessions
+    # over the lab's 10 proxies), no limit, the same CONCURRENT_REQUESTS
+    "scale": (["--rate", "0"], None,
+              ["exitlimit-pool10", "exitlimit-pool1000", "exitlimit-pool10000"]),
     # the Redis backend's cost: no limit, memory against Redis, one process
     "redis-overhead": (["--rate", "0"], None, ["exitlimit-high", "exitlimit-redis-high"]),
 }
@@ -176,6 +180,12 @@ def main() -> None:
         util = f"{r['utilization']:>12.3f}" if capacity else f"{'-':>12}"
         print(f"{r['strategy']:<18} {r['pages']:>6} {r['lost']:>6} {r['share_429']:>10.2%} "
               f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['pages_per_s']:>8.1f} {util}")
+    if args.scenario == "scale":
+        base = rows[0]
+        for r in rows:
+            print(f"{r['strategy']}: {r['pages_per_s'] / base['pages_per_s']:.3f} of "
+                  f"{base['strategy']}'s throughput; CPU {1000 * r['cpu_seconds'] / r['ok']:.2f} "
+                  f"ms per page; peak RSS {r['max_rss_mb']:.0f} MB")
     for r in rows:
         trips = r["exitlimit"].get("exitlimit/redis_round_trips")
         if trips:

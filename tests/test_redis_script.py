@@ -41,7 +41,7 @@ def client(redis_url):
 def admit(script, exits, *, want=1, interval=0.2, tol=0.0, limit=8, ttl=15.0, first_id=1,
           origin_interval=0.0, origin_tol=0.0):
     keys, args = [ORIGIN, LEARN], ["admit", want, "proc", first_id, ttl, origin_interval,
-                                   origin_tol]
+                                   origin_tol, 0]
     for e in exits:
         keys += [pair(e), lease(e), exit_key(e)]
         args += [interval, tol, limit]
@@ -197,3 +197,12 @@ def test_every_key_of_one_pool_shares_a_cluster_slot():
             key(fake, "origin", "http://b.example:8080"), key(fake, "learn", "o"),
             key(fake, "exit", "[::1]:3128"), key(fake, "procs")]
     assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+def test_releases_ride_along_with_an_admission_and_count_first(script, client):
+    admit(script, ["a"], limit=1, interval=0.0001)
+    keys = [ORIGIN, LEARN, lease("a"), pair("a"), pair("a"), lease("a"), exit_key("a")]
+    args = ["admit", 1, "proc", 2, 15.0, 0, 0, 1, "proc:1", 0, 0, 0.0001, 0.0001, 0, 1]
+    reply = script(keys=keys, args=args)
+    assert reply[4:5] == [1]  # the lease freed in this very call was taken again
+    assert client.zrange(lease("a"), 0, -1) == ["proc:2"]

@@ -28,23 +28,47 @@ end
 
 local op = ARGV[1]
 
+-- give back lease `token`; `arrived` 1: the request reached the server as late as
+-- now - back, so the pair's next request goes an interval after that
+local function release(lk, pk, token, arrived, back, interval)
+  redis.call('ZREM', lk, token)
+  if arrived == '1' and redis.call('EXISTS', pk) == 1 then
+    local when = now - tonumber(back) + tonumber(interval)
+    local tat = num(redis.call('HGET', pk, 'tat'), NEG)
+    if when > tat then
+      redis.call('HSET', pk, 'tat', f6(when))
+    end
+  end
+end
+
+-- releases come first in KEYS (lease, pair) and ARGV (token, arrived, back, interval)
+local function release_all(count, key0, arg0)
+  for r = 0, count - 1 do
+    local k, a = key0 + 2 * r, arg0 + 4 * r
+    release(KEYS[k], KEYS[k + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  end
+end
+
 if op == 'admit' then
-  -- KEYS: origin, learn, then (pair, lease, exit) per candidate
+  -- KEYS: origin, learn, (lease, pair) per release, then (pair, lease, exit) per candidate
   -- ARGV: op, want, token prefix, first lease id, lease ttl, origin interval, origin tolerance,
-  --       then (interval, tolerance, limit) per candidate
+  --       releases R, then 4 per release, then (interval, tolerance, limit) per candidate
   local want = tonumber(ARGV[2])
   local prefix = ARGV[3]
   local next_id = tonumber(ARGV[4])
   local ttl = tonumber(ARGV[5])
   local ointerval = tonumber(ARGV[6])
   local otol = tonumber(ARGV[7])
+  local releases = tonumber(ARGV[8])
+  release_all(releases, 3, 9)  -- first, so the places they free count now
+  local kbase, abase = 2 + 2 * releases, 9 + 4 * releases
   local o = redis.call('HMGET', KEYS[1], 'tat', 'hold')
   local otat, ohold = num(o[1], NEG), num(o[2], NEG)
-  local n = (#KEYS - 2) / 3
+  local n = (#KEYS - kbase) / 3
   local c = {}
   for i = 1, n do
-    local pk, lk, ek = KEYS[3 * i], KEYS[3 * i + 1], KEYS[3 * i + 2]
-    local a = 8 + 3 * (i - 1)
+    local pk, lk, ek = KEYS[kbase + 3 * i - 2], KEYS[kbase + 3 * i - 1], KEYS[kbase + 3 * i]
+    local a = abase + 3 * (i - 1)
     redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
     local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol')
     local dead = num(redis.call('HGET', ek, 'dead'), NEG)
@@ -118,16 +142,8 @@ if op == 'admit' then
   return reply
 
 elseif op == 'release' then
-  -- KEYS: lease, pair   ARGV: op, token, arrived (1/0), seconds back, interval
-  redis.call('ZREM', KEYS[1], ARGV[2])
-  if ARGV[3] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
-    -- the request reached the server as late as now - back: the next one an interval on
-    local when = now - tonumber(ARGV[4]) + tonumber(ARGV[5])
-    local tat = num(redis.call('HGET', KEYS[2], 'tat'), NEG)
-    if when > tat then
-      redis.call('HSET', KEYS[2], 'tat', f6(when))
-    end
-  end
+  -- KEYS: (lease, pair) per release   ARGV: op, then (token, arrived, back, interval) each
+  release_all(#KEYS / 2, 1, 2)
   return f6(now)
 
 elseif op == 'hold' then

@@ -188,24 +188,27 @@ class RedisBackend(Backend):
         self._script = self._client.register_script(self._lua)
 
     async def _call(self, keys: list[str], args: list[Any]) -> Any:
-        """One script call, in one round trip with the releases waiting to go out."""
+        """One script call (one round trip)."""
         if self._client is None:
             self._connect()
         self.round_trips += 1
-        releases, self._releases = self._releases, []
-        if not releases:
-            return await self._script(keys=keys, args=args)
-        pipe = self._client.pipeline(transaction=False)
-        for rkeys, rargs in releases:
-            await self._script(keys=rkeys, args=rargs, client=pipe)  # queued, not sent
-        await self._script(keys=keys, args=args, client=pipe)
-        return (await pipe.execute())[-1]
+        return await self._script(keys=keys, args=args)
+
+    def _take_releases(self) -> tuple[list[str], list[Any]]:
+        """The releases waiting to go out, as (KEYS, ARGV) tails for the script."""
+        keys: list[str] = []
+        args: list[Any] = []
+        for rkeys, rargs in self._releases:
+            keys += rkeys
+            args += rargs
+        self._releases = []
+        return keys, args
 
     def _flush_releases(self) -> None:
         self._flush_timer = None
         if self._releases and self.shared:
-            rkeys, rargs = self._releases.pop()
-            self._spawn(self._shared_op(rkeys, rargs))  # carries the rest along
+            keys, args = self._take_releases()
+            self._spawn(self._shared_op(keys, ["release", *args]))
 
     def open(self) -> None:
         self._connect()
@@ -228,9 +231,9 @@ class RedisBackend(Backend):
         try:
             if self.shared:
                 pipe = client.pipeline(transaction=False)
-                for rkeys, rargs in self._releases:
-                    await self._script(keys=rkeys, args=rargs, client=pipe)
-                self._releases.clear()
+                if self._releases:
+                    keys, args = self._take_releases()
+                    await self._script(keys=keys, args=["release", *args], client=pipe)
                 for lease_id in list(self._shared_leases):
                     lease = self.limiter.leases.get(lease_id)
                     if lease is not None:
@@ -331,10 +334,12 @@ class RedisBackend(Backend):
         if not candidates:
             return Admission([], earliest)
         ol = limiter.origin_state(origin).budget
-        keys = [self._key("origin", origin), self._key("learn", origin)]
+        # the releases waiting to go out ride along, applied first
+        rkeys, rargs = self._take_releases()
+        keys = [self._key("origin", origin), self._key("learn", origin), *rkeys]
         args: list[Any] = ["admit", want, self.process_id, 0, LEASE_TTL,
                            ol.interval if ol is not None else 0,
-                           ol.tolerance if ol is not None else 0]
+                           ol.tolerance if ol is not None else 0, len(rkeys) // 2, *rargs]
         for c in candidates:
             keys += [self._key("pair", origin, c.pair), self._key("lease", c.exit_id),
                      self._key("exit", c.exit_id)]
@@ -429,7 +434,7 @@ class RedisBackend(Backend):
             self._releases.append((
                 [self._key("lease", lease.exit_id),
                  self._key("pair", lease.origin, self.limiter.pair_key(lease.exit_id))],
-                ["release", self._token(lease_id), 1 if answered else 0,
+                [self._token(lease_id), 1 if answered else 0,
                  repr(self.limiter.arrival_slack(pair)), repr(pair.bucket.interval)]))
             if self._flush_timer is None:
                 self._flush_timer = asyncio.get_running_loop().call_later(

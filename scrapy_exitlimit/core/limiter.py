@@ -129,9 +129,10 @@ class OriginState:
     suspects: set[str] = field(default_factory=set)
     last_estimate_tick: float = -math.inf
     #: large pools: exits by the time they could next be admitted (a lower bound,
-    #: checked when popped); exits set aside until a release are in no entry
+    #: checked when taken); exits set aside until a release are in neither
     index: list[tuple[float, int, str]] = field(default_factory=list)
-    indexed: set[str] = field(default_factory=set)
+    ready: list[str] = field(default_factory=list)  # ready exits, the warmest last
+    indexed: set[str] = field(default_factory=set)  # exits on the heap or the stack
     last_used: float = -math.inf
 
 
@@ -316,26 +317,29 @@ class Limiter:
         return self._grant(ostate, estate, pair, now, gap)
 
     def _try_admit_indexed(self, ostate: OriginState, now: float) -> Lease | float:
-        """The large-pool search: the exit whose pair has been admissible longest.
+        """The large-pool search, in O(log exits): the warmest exit that is ready.
 
-        Cost grows with the log of the pool: exits come off a heap in order of
-        when they could next be admitted; one that turns out busier (pacing,
-        cooldown, death) goes back with its real time; one at its lease limit
-        or waiting for its first answer is set aside until a release wakes it.
+        Exits wait on a heap by the time they could next be admitted (a lower
+        bound, checked when taken); those whose time has come move onto a stack
+        of ready exits, and the one used most recently is taken first. So a
+        crawl keeps a working set of warm exits (open connections, proven
+        pairs) and brings in cold ones only when the warm ones are paced out:
+        under a rate limit that still spreads the load over as many exits as
+        it needs. An exit at its lease limit, or waiting for its pair's first
+        answer, is set aside until a release on it puts it back.
         """
-        index = ostate.index
-        if not ostate.indexed and not index:
-            for exit_id in self.exits:
-                self._index(ostate, exit_id, -math.inf)
-        while index:
-            when, _, exit_id = index[0]
-            if when > now:
-                return when
-            heapq.heappop(index)
+        index, ready = ostate.index, ostate.ready
+        if not ostate.indexed:  # first use: every exit ready, the first configured on top
+            ready.extend(reversed(self.exits))
+            ostate.indexed.update(self.exits)
+        while index and index[0][0] <= now:
+            ready.append(heapq.heappop(index)[2])
+        while ready:
+            exit_id = ready.pop()
             ostate.indexed.discard(exit_id)
             estate = self.exits[exit_id]
             if estate.health.dead(now):
-                self._index(ostate, exit_id, estate.health.dead_until)
+                self._index(ostate, exit_id, estate.health.dead_until, now)
                 continue
             pair = ostate.pairs.get(self.pair_key(exit_id)) or self.pair_state(ostate.key,
                                                                                 exit_id)
@@ -343,26 +347,31 @@ class Limiter:
                 estate.waiting.add(ostate.key)  # a release puts it back
                 continue
             self._sync_rate(ostate, exit_id, pair)
-            ready = pair.ready_at(now)
-            if ready > now:
-                self._index(ostate, exit_id, ready)
+            when = pair.ready_at(now)
+            if when > now:
+                self._index(ostate, exit_id, when, now)
                 continue
             if ostate.budget is not None:
                 origin_ready = ostate.budget.ready_at(now)
                 if origin_ready > now:
-                    self._index(ostate, exit_id, now)
+                    self._index(ostate, exit_id, now, now)
                     return origin_ready
                 ostate.budget.consume(now)
             gap = now - pair.last_admit
             pair.bucket.consume(now)
             lease = self._grant(ostate, estate, pair, now, gap)
-            self._index(ostate, exit_id, pair.ready_at(now))
+            self._index(ostate, exit_id, pair.ready_at(now), now)
             return lease
-        return UNTIL_RELEASE
+        return index[0][0] if index else UNTIL_RELEASE
 
-    def _index(self, ostate: OriginState, exit_id: str, when: float) -> None:
-        if exit_id not in ostate.indexed:
-            ostate.indexed.add(exit_id)
+    def _index(self, ostate: OriginState, exit_id: str, when: float, now: float) -> None:
+        """Queue an exit for when it could next be admitted (ready now: on the stack)."""
+        if exit_id in ostate.indexed:
+            return
+        ostate.indexed.add(exit_id)
+        if when <= now:
+            ostate.ready.append(exit_id)
+        else:
             heapq.heappush(ostate.index, (when, next(self._index_seq), exit_id))
 
     def plan(self, origin: str, now: float | None = None, limit: int | None = None,
@@ -513,7 +522,7 @@ class Limiter:
             if estate.waiting:  # indexed origins that set this exit aside: look again
                 for origin in estate.waiting:
                     if origin in self.origins:
-                        self._index(self.origins[origin], lease.exit_id, -math.inf)
+                        self._index(self.origins[origin], lease.exit_id, -math.inf, math.inf)
                 estate.waiting.clear()
             counted = self.origin_state(lease.origin).pairs.get(lease.pair)
             if counted is not None:
