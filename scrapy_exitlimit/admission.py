@@ -99,7 +99,10 @@ class AdmissionQueue:
         waiter = Waiter(key, now)
         self.queues.setdefault(key, deque()).append(waiter)
         self.parked += 1
-        self._process()
+        if self.backend.synchronous:
+            self._process()
+        elif self._soon is None:  # requests parked in the same loop turn share one call
+            self._soon = call_later(0, self._wake_now)
         return waiter.deferred
 
     def wake(self) -> None:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
-from ..core import Event, Lease
+from ..core import Candidate, Event, Lease
 from .base import Admission, Backend
 
 try:
@@ -56,14 +56,19 @@ logger = logging.getLogger(__name__)
 #: a lease not renewed for this long is free again (its process died)
 LEASE_TTL = 15.0
 HEARTBEAT = LEASE_TTL / 3
-#: candidate exits sent per admission call (the best this process knows of)
+#: candidate exits sent per admission (the best this process knows of): the first
+#: FIRST_CANDIDATES + wanted in one call, the rest in a second only when needed
 MAX_CANDIDATES = 32
+FIRST_CANDIDATES = 4
+#: Redis key strings kept ready, at most
+KEY_CACHE = 100_000
 #: exits busy with other processes' leases: look again this soon (their
 #: releases do not wake this process)
 LEASE_POLL = 0.05
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
-#: a release waits this long for a call to ride along with (the next admission, usually)
-RELEASE_DELAY = 0.005
+#: a release waits this long for a call to ride along with (the next admission, usually);
+#: other processes see the freed place that much later, pacing is not shifted
+RELEASE_DELAY = 0.025
 ON_ERROR = ("local", "pause")
 #: scrapy-redis settings -> redis-py arguments
 _SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
@@ -125,12 +130,13 @@ class RedisBackend(Backend):
         self._client: aioredis.Redis | None = None
         self._script: Any = None
         self._lua = resources.files(__package__).joinpath("exitlimit.lua").read_text()
+        self._keys: dict[Any, tuple[str, ...]] = {}
         self._learn_seen: dict[str, str] = {}  # origin -> version this process knows
         self._marks: dict[str, tuple] = {}  # origin -> learning_mark at the last sync
         self._publishing: set[str] = set()
         self._shared_leases: set[int] = set()
         #: lease releases not yet sent: they ride along with the next call
-        self._releases: list[tuple[list[str], list[Any]]] = []
+        self._releases: list[tuple[list[str], tuple[Any, ...]]] = []
         self._flush_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self._heartbeat: asyncio.Task | None = None
@@ -198,9 +204,11 @@ class RedisBackend(Backend):
         """The releases waiting to go out, as (KEYS, ARGV) tails for the script."""
         keys: list[str] = []
         args: list[Any] = []
-        for rkeys, rargs in self._releases:
+        now = self.clock()
+        for rkeys, (token, answered, at, slack, interval) in self._releases:
             keys += rkeys
-            args += rargs
+            # anchored on when the answer came, not on when this call goes out
+            args += [token, answered, repr(slack + max(0.0, now - at)), interval]
         self._releases = []
         return keys, args
 
@@ -333,24 +341,49 @@ class RedisBackend(Backend):
         candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
         if not candidates:
             return Admission([], earliest)
-        ol = limiter.origin_state(origin).budget
+        # the best few first (what this process knows of their load); the rest only when
+        # those could not grant everything asked for: fewer keys to send and check
+        first = FIRST_CANDIDATES + want
+        leases: list[Lease] = []
+        wait, lease_blocked = math.inf, False
+        for chunk in (candidates[:first], candidates[first:]):
+            if not chunk or len(leases) >= want:
+                continue
+            try:
+                got, chunk_wait, blocked = await self._admit_on(origin, want - len(leases),
+                                                                chunk)
+            except (redis.RedisError, OSError) as exc:
+                self._lost(exc)
+                return self._admit_locally(origin, want, only)
+            leases += got
+            wait, lease_blocked = min(wait, chunk_wait), lease_blocked or blocked
+        self._sync_learning(origin)
+        if lease_blocked:
+            wait = min(wait, self.clock() + LEASE_POLL)
+        # a pair waiting for its first answer (single file) is woken by that answer
+        release_helps = lease_blocked or any(
+            p.single_file for p in limiter.origin_state(origin).pairs.values())
+        return Admission(leases, min(wait, earliest), release_helps)
+
+    async def _admit_on(self, origin: str, want: int,
+                        candidates: list[Candidate]) -> tuple[list[Lease], float, bool]:
+        """One admission call on these candidates: (leases, when to ask again, whether a
+        lease limit stood in the way)."""
+        limiter = self.limiter
+        budget = limiter.origin_state(origin).budget
         # the releases waiting to go out ride along, applied first
         rkeys, rargs = self._take_releases()
-        keys = [self._key("origin", origin), self._key("learn", origin), *rkeys]
-        args: list[Any] = ["admit", want, self.process_id, 0, LEASE_TTL,
-                           ol.interval if ol is not None else 0,
-                           ol.tolerance if ol is not None else 0, len(rkeys) // 2, *rargs]
-        for c in candidates:
-            keys += [self._key("pair", origin, c.pair), self._key("lease", c.exit_id),
-                     self._key("exit", c.exit_id)]
-            args += [repr(c.interval), repr(c.tolerance), c.limit]
+        keys = [*self._origin_keys(origin), *rkeys]
         # lease ids are this process's own; the script names leases with them
-        first_id = args[3] = limiter.reserve_lease_ids(want)
-        try:
-            reply = await self._call(keys, args)
-        except (redis.RedisError, OSError) as exc:
-            self._lost(exc)
-            return self._admit_locally(origin, want, only)
+        first_id = limiter.reserve_lease_ids(want)
+        args: list[Any] = ["admit", want, self.process_id, first_id, LEASE_TTL,
+                           budget.interval if budget is not None else 0,
+                           budget.tolerance if budget is not None else 0, len(rkeys) // 2,
+                           *rargs]
+        for c in candidates:
+            keys += self._candidate_keys(origin, c)
+            args += [repr(c.interval), repr(c.tolerance), c.limit]
+        reply = await self._call(keys, args)
         received = time.monotonic()
         redis_now, wait, lease_blocked, version = (float(reply[0]), float(reply[1]),
                                                    int(reply[2]), str(reply[3]))
@@ -363,13 +396,24 @@ class RedisBackend(Backend):
             leases.append(lease)
         if version != self._learn_seen.get(origin):
             await self._pull_learning(origin, version)
-        self._sync_learning(origin)
-        if lease_blocked:
-            wait = min(wait, self.clock() + LEASE_POLL)
-        # a pair waiting for its first answer (single file) is woken by that answer
-        release_helps = bool(lease_blocked) or any(
-            p.single_file for p in limiter.origin_state(origin).pairs.values())
-        return Admission(leases, min(wait, earliest), release_helps)
+        return leases, wait, bool(lease_blocked)
+
+    def _origin_keys(self, origin: str) -> tuple[str, str]:
+        keys = self._keys.get(origin)
+        if keys is None:
+            keys = self._keys[origin] = (self._key("origin", origin), self._key("learn", origin))
+        return keys
+
+    def _candidate_keys(self, origin: str, c: Candidate) -> tuple[str, str, str]:
+        cache_key = (origin, c.pair, c.exit_id)
+        keys = self._keys.get(cache_key)
+        if keys is None:
+            if len(self._keys) > KEY_CACHE:
+                self._keys.clear()
+            keys = self._keys[cache_key] = (self._key("pair", origin, c.pair),
+                                            self._key("lease", c.exit_id),
+                                            self._key("exit", c.exit_id))
+        return keys
 
     def _admit_locally(self, origin: str, want: int, only: str | None) -> Admission:
         now = self.clock()
@@ -434,8 +478,8 @@ class RedisBackend(Backend):
             self._releases.append((
                 [self._key("lease", lease.exit_id),
                  self._key("pair", lease.origin, self.limiter.pair_key(lease.exit_id))],
-                [self._token(lease_id), 1 if answered else 0,
-                 repr(self.limiter.arrival_slack(pair)), repr(pair.bucket.interval)]))
+                (self._token(lease_id), 1 if answered else 0, self.clock(),
+                 self.limiter.arrival_slack(pair), repr(pair.bucket.interval))))
             if self._flush_timer is None:
                 self._flush_timer = asyncio.get_running_loop().call_later(
                     RELEASE_DELAY, self._flush_releases)

@@ -12,12 +12,13 @@ from .exits import (
 )
 from .health import ConcurrencyLimit, ExitHealth
 from .learning import RateEstimate
-from .limiter import UNTIL_RELEASE, Event, Lease, Limiter, PairState, Tuning
+from .limiter import UNTIL_RELEASE, Candidate, Event, Lease, Limiter, PairState, Tuning
 from .limits import Limits, OriginLimits, PairLimits
 from .retry_after import bounded_cooldown, parse_http_date, parse_retry_after
 
 __all__ = [
     "UNTIL_RELEASE",
+    "Candidate",
     "ConcurrencyLimit",
     "Event",
     "Exit",
