@@ -56,6 +56,17 @@ class Backend:
         """Up to ``want`` leases for ``origin`` (on exit ``only``, when given)."""
         raise NotImplementedError
 
+    def admit_here(self, origin: str, want: int, now: float,
+                   only: str | None = None) -> Admission:
+        """Up to ``want`` leases from this process's own state."""
+        leases: list[Lease] = []
+        while len(leases) < want:
+            got = self.limiter.try_admit(origin, now, only)
+            if not isinstance(got, Lease):
+                return Admission(leases, got)
+            leases.append(got)
+        return Admission(leases, now)
+
     def open(self) -> None:
         """The crawl started (called on the running event loop)."""
 
@@ -98,10 +109,4 @@ class MemoryBackend(Backend):
 
     def admit(self, origin: str, want: int, now: float,
               only: str | None = None) -> Admission:
-        leases: list[Lease] = []
-        while len(leases) < want:
-            got = self.limiter.try_admit(origin, now, only)
-            if not isinstance(got, Lease):
-                return Admission(leases, got)
-            leases.append(got)
-        return Admission(leases, now)
+        return self.admit_here(origin, want, now, only)

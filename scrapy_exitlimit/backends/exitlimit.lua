@@ -69,7 +69,6 @@ if op == 'admit' then
   for i = 1, n do
     local pk, lk, ek = KEYS[kbase + 3 * i - 2], KEYS[kbase + 3 * i - 1], KEYS[kbase + 3 * i]
     local a = abase + 3 * (i - 1)
-    redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
     local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol')
     local dead = num(redis.call('HGET', ek, 'dead'), NEG)
     c[i] = {
@@ -77,6 +76,11 @@ if op == 'admit' then
       tat = num(f[1], NEG), block = math.max(num(f[2], NEG), num(f[3], NEG), dead),
       last = num(f[4], NEG), busy = redis.call('ZCARD', lk), pk = pk, lk = lk,
     }
+    if c[i].busy >= c[i].limit then
+      -- full: leases of a process that died (expired, never renewed) free their places
+      redis.call('ZREMRANGEBYSCORE', lk, '-inf', now)
+      c[i].busy = redis.call('ZCARD', lk)
+    end
     -- a slower rate widens the burst tolerance: keep the next token where it was,
     -- or the tokens the faster rate had not yet refilled would all be free at once
     local old_tol = tonumber(f[5])

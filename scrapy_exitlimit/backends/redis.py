@@ -169,8 +169,7 @@ class RedisBackend(Backend):
     def _observe_time(self, redis_now: float, received: float) -> None:
         # Redis read its clock before the reply arrived: each reply gives a lower bound
         # of the offset, so this clock never runs ahead of Redis (timers never fire early)
-        self._offset = redis_now - received if self.round_trips <= 1 else max(
-            self._offset, redis_now - received)
+        self._offset = max(self._offset, redis_now - received)
 
     # -- connection -------------------------------------------------------------
     def ping(self) -> None:
@@ -419,13 +418,7 @@ class RedisBackend(Backend):
         now = self.clock()
         if self.on_error == "pause":
             return Admission([], now + LEASE_POLL * 10)
-        leases: list[Lease] = []
-        while len(leases) < want:
-            got = self.limiter.try_admit(origin, now, only)
-            if not isinstance(got, Lease):
-                return Admission(leases, got)
-            leases.append(got)
-        return Admission(leases, now)
+        return self.admit_here(origin, want, now, only)
 
     # -- learned state ------------------------------------------------------------
     async def _pull_learning(self, origin: str, version: str) -> None:
