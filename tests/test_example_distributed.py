@@ -54,3 +54,21 @@ def test_two_processes_share_the_crawl_each_page_once_within_the_exits_limits(tm
     assert result["rejected"] <= 0.02 * (result["fetched"] + result["rejected"]), report
     assert runner.ok(result)
     assert "all exits" in report and f"total:   {pages:>6}" in report
+
+
+def test_the_single_process_project_needs_no_scrapy_redis(monkeypatch):
+    """`python -m scrapy_exitlimit.demo` after a plain `pip install -e .` (no redis extra)."""
+    import importlib
+    import sys
+
+    from scrapy.utils.misc import walk_modules_iter
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.setitem(sys.modules, "scrapy_redis", None)  # import scrapy_redis fails
+    monkeypatch.delenv("EXITLIMIT_REDIS_URL", raising=False)
+    for name in [m for m in sys.modules if m == "example" or m.startswith("example.")]:
+        monkeypatch.delitem(sys.modules, name)
+    settings = importlib.import_module("example.settings")
+    spiders = [m for module in settings.SPIDER_MODULES for m in walk_modules_iter(module)]
+    assert "example.distributed" not in settings.SPIDER_MODULES
+    assert any(m.__name__ == "example.spiders.lab" for m in spiders)

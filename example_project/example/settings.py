@@ -28,6 +28,8 @@ EXITLIMIT_CONCURRENCY = 8
 if os.environ.get("EXITLIMIT_REDIS_URL"):
     # scrapy-redis's connection; scrapy_exitlimit's backend uses REDIS_URL too
     REDIS_URL = os.environ["EXITLIMIT_REDIS_URL"]
+    # its spiders import scrapy-redis, which the single-process demo does not need
+    SPIDER_MODULES = [*SPIDER_MODULES, "example.distributed"]
     EXITLIMIT_BACKEND = "redis"
     SCHEDULER = "scrapy_redis.scheduler.Scheduler"
     DUPEFILTER_CLASS = "scrapy_redis.dupefilter.RFPDupeFilter"

@@ -3,7 +3,7 @@ import time
 from scrapy import signals
 from scrapy_redis.spiders import RedisMixin
 
-from .lab import LabSpider
+from example.spiders.lab import LabSpider
 
 #: seconds between looks at the shared queue while this process has nothing to do
 #: (Scrapy's engine looks every 5 s; here the work is fed by the other processes)
