@@ -1,1 +1,1 @@
-"""Spiders of the distributed mode (they need scrapy-redis: pip install 'scrapy-exitlimit[redis]')."""
+"""Spiders of the distributed mode: they need scrapy-redis (the `redis` extra)."""
