@@ -77,6 +77,8 @@ class AdmissionQueue:
         self._pending: set[QueueKey] = set()  # queues with an admission call in flight
         self._wait: dict[QueueKey, float] = {}  # when its last call said to ask again
         self._deaf: set[QueueKey] = set()  # queues a released lease would not help now
+        #: queues woken while their call was in flight: its answer may predate the news
+        self._woken: set[QueueKey] = set()
         self.closed = False
 
     def origins(self) -> set[str]:
@@ -107,9 +109,12 @@ class AdmissionQueue:
 
     def wake(self) -> None:
         """State changed (a lease was released, a cooldown set): look again soon."""
-        if self._soon is None and self.parked:
-            for key in [k for k in self._wait if k not in self._deaf]:
-                del self._wait[key]
+        if not self.parked:
+            return
+        self._woken.update(self._pending)
+        for key in [k for k in self._wait if k not in self._deaf]:
+            del self._wait[key]
+        if self._soon is None:
             self._soon = call_later(0, self._wake_now)
 
     def _wake_now(self) -> None:
@@ -169,7 +174,10 @@ class AdmissionQueue:
                 self.backend.release(lease.id, answered=False)
             return
         self._hand_out(key, got.leases, now)
-        self._wait[key] = now if got.leases else got.wait
+        woken = key in self._woken
+        self._woken.discard(key)
+        # a release during the call may have freed what the answer says is taken
+        self._wait[key] = now if got.leases or woken else got.wait
         if got.leases or got.release_helps:
             self._deaf.discard(key)
         else:
@@ -178,6 +186,7 @@ class AdmissionQueue:
 
     def _admit_failed(self, failure: Any, key: QueueKey) -> None:
         self._pending.discard(key)
+        self._woken.discard(key)
         logger.error("exitlimit: admission call failed for %s: %s", key[0],
                      failure.getErrorMessage())
         self._wait[key] = self.clock() + 0.1

@@ -9,12 +9,14 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request, signals
+from scrapy import Request, exceptions, signals
 from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
+from twisted.internet.error import TCPTimedOutError
+from twisted.internet.error import TimeoutError as TwistedTimeoutError
 
 from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Repin, Waiter, call_later
 from .backends import load_backend
@@ -51,6 +53,10 @@ SIGNAL_STATS = {
     Signal.PROXY_FAULT: "exitlimit/proxy_fault",
 }
 CLOSE_REASON_NO_EXITS = "exitlimit_no_exits"
+#: timeouts, which the origin may cause as well as the exit
+TIMEOUTS: tuple[type[BaseException], ...] = tuple(
+    t for t in (getattr(exceptions, "DownloadTimeoutError", None), TwistedTimeoutError,
+                TCPTimedOutError) if t is not None)
 #: sticky sessions remembered at most (the least recently used are forgotten)
 MAX_PINS = 100_000
 
@@ -451,7 +457,8 @@ class ExitLimitMiddleware:
         if signal is not Signal.PROXY_FAULT:
             return None
         self._count(signal, exit_id)
-        self._report(self.backend.proxy_fault(None, exit_id))
+        timeout = isinstance(exception, TIMEOUTS)
+        self._report(self.backend.proxy_fault(None, exit_id, origin_of(request), timeout))
         for sink in self.sinks:
             sink.response(origin_of(request), exit_id, None, signal.value, None, None, None,
                           None)

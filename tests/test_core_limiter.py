@@ -210,3 +210,29 @@ def test_a_late_answer_pushes_the_next_request_back_by_the_extra_latency():
     pair = lim.pair_state(SITE, slow.exit_id)
     assert pair.ready_at(clock.now) == pytest.approx(slow.admitted_at + 0.030 + 0.2, abs=1e-3)
     assert pair.min_latency == pytest.approx(0.010 + 0.02 * 0.030)  # drifts up slowly
+
+
+def test_timeouts_on_several_answering_exits_blame_the_origin_not_the_exits():
+    from scrapy_exitlimit.core import Limiter, Limits, make_exit
+
+    from .conftest import FakeClock
+
+    clock = FakeClock()
+    exits = [make_exit(f"http://127.0.0.{10 + i}:3128") for i in range(3)]
+    lim = Limiter(exits, Limits(rate=100.0), clock=clock)
+    origin = "http://slow.example"
+    for ex in exits[:2]:  # two exits that get answers from the origin
+        lease = lim.try_admit(origin, only=ex.id)
+        lim.success(lease, 0.01)
+        lim.release(lease.id)
+    kinds = []
+    for _ in range(4):  # then time out on it, one after the other
+        for ex in exits[:2]:
+            clock.advance(0.1)
+            kinds += [e.kind for e in lim.proxy_fault(None, ex.id, origin, timeout=True)]
+    assert "evicted" not in kinds and kinds.count("origin_timeout") >= 6
+    assert all(not lim.exits[ex.id].health.dead(clock.now) for ex in exits[:2])
+    # an exit that never answered and times out is a dead exit, origin or not
+    kinds = [e.kind for _ in range(3)
+             for e in lim.proxy_fault(None, exits[2].id, origin, timeout=True)]
+    assert "evicted" in kinds

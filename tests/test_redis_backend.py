@@ -237,12 +237,21 @@ def test_three_processes_share_their_exits_within_the_limit(redis_url):
             [sys.executable, "-m", "scrapy_exitlimit.lab.crawl", "--origin", info["origin_url"],
              "--exits", ",".join(info["exit_urls"]), "--pages", "40", "--first", str(40 * i),
              "--set", "EXITLIMIT_BACKEND=redis", "--set", f"EXITLIMIT_REDIS_URL={redis_url}",
-             "--set", "EXITLIMIT_RATE=9"], stdout=subprocess.PIPE, text=True)
+             "--set", "EXITLIMIT_RATE=9", "--set", "LOG_LEVEL=INFO",
+             # a lost answer costs a re-issue, not Scrapy's 3-minute default
+             "--set", "DOWNLOAD_TIMEOUT=10", "--set", "CLOSESPIDER_TIMEOUT=60"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(3)]
-        results = []
+        results, logs = [], []
         for proc in crawls:
-            out, _ = proc.communicate(timeout=120)
+            try:
+                out, err = proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                pytest.fail(f"a crawl process did not finish; its log ends:\n{err[-3000:]}")
             results.append(json.loads(out.strip().splitlines()[-1]))
+            logs.append(err)
         from urllib.request import urlopen
 
         with urlopen(info["origin_url"] + "/_lab/stats", timeout=10) as resp:
@@ -250,7 +259,9 @@ def test_three_processes_share_their_exits_within_the_limit(redis_url):
     finally:
         lab.terminate()
         lab.wait(10)
-    assert [r["ok"] for r in results] == [40, 40, 40]
+    assert [r["ok"] for r in results] == [40, 40, 40], [
+        (r["finish_reason"], dict(list(r["failed"].items())[:3]), r["exitlimit"], log[-2000:])
+        for r, log in zip(results, logs, strict=True)]
     # unshared, three processes would each send the full rate: 3x the limit
     assert origin["totals"]["status"].get("429", 0) == 0, origin["totals"]
     assert all(r["exitlimit"]["exitlimit/redis_round_trips"] > 0 for r in results)

@@ -97,8 +97,9 @@ class Backend:
     def overloaded(self, lease: Lease, retry_after: float | None) -> list[Event]:
         return self.limiter.overloaded(lease, retry_after)
 
-    def proxy_fault(self, lease: Lease | None, exit_id: str) -> list[Event]:
-        return self.limiter.proxy_fault(lease, exit_id)
+    def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
+                    timeout: bool = False) -> list[Event]:
+        return self.limiter.proxy_fault(lease, exit_id, origin, timeout)
 
     def stats(self) -> dict[str, Any]:
         return {}

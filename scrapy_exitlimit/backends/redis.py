@@ -530,8 +530,10 @@ class RedisBackend(Backend):
                                          repr(budget.tolerance if budget else 0.0)]))
         return self._after(lease.origin, events)
 
-    def proxy_fault(self, lease: Lease | None, exit_id: str) -> list[Event]:
-        return self._after(lease.origin if lease else "", super().proxy_fault(lease, exit_id))
+    def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
+                    timeout: bool = False) -> list[Event]:
+        events = super().proxy_fault(lease, exit_id, origin, timeout)
+        return self._after(lease.origin if lease else origin or "", events)
 
     def stats(self) -> dict[str, Any]:
         return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,

@@ -32,6 +32,8 @@ CONFIRMATIONS_NEAR_CEILING = 3
 RAISE_TRUST = 10.0
 #: a scout that has not settled its probe in this many intervals hands it on
 SCOUT_PATIENCE = 20
+#: timeouts on several exits of one origin within this many seconds blame the origin
+TIMEOUT_WINDOW = 30.0
 #: pools larger than this are searched through a per-origin index, not a scan
 INDEX_ABOVE = 64
 #: pair state untouched this long (seconds), with nothing to remember, is dropped
@@ -84,6 +86,7 @@ class PairState:
     last_admit: float = -math.inf
     confirmations: int = 0
     confirmed_rate: float = math.inf  # the lowest achieved rate in the current streak
+    last_success: float = -math.inf
 
     @property
     def single_file(self) -> bool:
@@ -134,6 +137,8 @@ class OriginState:
     ready: list[str] = field(default_factory=list)  # ready exits, the warmest last
     indexed: set[str] = field(default_factory=set)  # exits on the heap or the stack
     last_used: float = -math.inf
+    #: exit -> its last timeout here (recent ones only): many exits at once is the origin
+    timeouts: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -566,6 +571,7 @@ class Limiter:
         pair = self.pair_state(lease.origin, lease.exit_id)
         estate = self.exits[lease.exit_id]
         pair.streak_429 = 0
+        pair.last_success = now
         if lease.paced:
             pair.rate_streak = 0
         if pair.half_open or pair.breaker_opened or pair.bans:
@@ -778,19 +784,40 @@ class Limiter:
         top = ol.rate if ol.rate is not None else self.tuning.max_rate * len(self.exits)
         budget.set_rate(min(budget.rate + max(0.02 * budget.rate, 1.0 / budget.rate), top))
 
-    def proxy_fault(self, lease: Lease | None, exit_id: str) -> list[Event]:
-        """Refused connection, failed CONNECT, timeout, 407...: the exit's health."""
+    def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
+                    timeout: bool = False) -> list[Event]:
+        """Refused connection, failed CONNECT, timeout, 407...: the exit's health.
+
+        A timeout is ambiguous: the exit, or the origin (a stalled answer looks the
+        same). When several exits time out on one origin while this one still gets
+        answers from it, the origin is the slow one: the exit carries less (its
+        concurrency) but is not evicted for it.
+        """
         now = self.clock()
         estate = self.exits[exit_id]
+        origin = lease.origin if lease is not None else origin
         events: list[Event] = []
         if estate.concurrency.fault():
-            events.append(Event("concurrency_decrease", lease.origin if lease else "", exit_id,
+            events.append(Event("concurrency_decrease", origin or "", exit_id,
                                 f"limit {estate.concurrency.limit} after a fault"))
+        if timeout and origin is not None and self._origin_stalls(origin, exit_id, now):
+            events.append(Event("origin_timeout", origin, exit_id,
+                                "the origin is slow for several exits: not the exit's fault"))
+            return events
         if estate.health.fault(now):
-            events.append(Event("evicted", lease.origin if lease else "", exit_id,
+            events.append(Event("evicted", origin or "", exit_id,
                                 f"{estate.health.faults} faults: out for "
                                 f"{estate.health.dead_until - now:.0f}s"))
         return events
+
+    def _origin_stalls(self, origin: str, exit_id: str, now: float) -> bool:
+        ostate = self.origin_state(origin)
+        timeouts = ostate.timeouts
+        timeouts[exit_id] = now
+        for other in [e for e, at in timeouts.items() if now - at > TIMEOUT_WINDOW]:
+            del timeouts[other]
+        answered = now - self.pair_state(origin, exit_id).last_success <= TIMEOUT_WINDOW
+        return answered and len(timeouts) >= 2
 
     def exit_ip_seen(self, exit_id: str, ip: str) -> list[Event]:
         """The provider says this exit's requests leave from ``ip``: pair state follows it.

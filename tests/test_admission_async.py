@@ -1,0 +1,78 @@
+"""The parking lot with an asynchronous backend (Redis): no wake-up may be lost."""
+
+from __future__ import annotations
+
+import math
+
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+
+from scrapy_exitlimit.admission import AdmissionQueue
+from scrapy_exitlimit.backends import Admission
+from scrapy_exitlimit.core import Lease
+
+
+class ManualBackend:
+    """Admission calls that answer only when the test says so."""
+
+    synchronous = False
+
+    def __init__(self) -> None:
+        self.calls: list[Deferred] = []
+        self.released: list[int] = []
+
+    def clock(self) -> float:
+        return 1000.0
+
+    def admit(self, origin, want, now, only=None) -> Deferred:
+        d = Deferred()
+        self.calls.append(d)
+        return d
+
+    def release(self, lease_id, answered=True):
+        self.released.append(lease_id)
+
+
+def lease(n: int) -> Lease:
+    return Lease(n, "http://o", "e", 1000.0, 1.0, True, 1.0, False)
+
+
+async def turn() -> None:
+    await deferLater(reactor, 0.01, lambda: None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_release_during_an_admission_call_is_not_lost():
+    backend = ManualBackend()
+    queue = AdmissionQueue(backend, lambda *a: None)
+    waiting = queue.acquire("http://o")
+    await turn()
+    assert len(backend.calls) == 1  # the call is in flight
+    queue.wake()  # a lease is released meanwhile
+    await turn()
+    assert len(backend.calls) == 1  # one call at a time per queue
+    # the answer was computed before the release: nothing free, only a release can help
+    backend.calls[0].callback(Admission([], math.inf))
+    await turn()
+    assert len(backend.calls) == 2  # asked again at once, not parked forever
+    backend.calls[1].callback(Admission([lease(7)], 1000.0))
+    assert (await waiting).id == 7
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_answer_that_needs_no_release_waits_for_its_time_only():
+    backend = ManualBackend()
+    queue = AdmissionQueue(backend, lambda *a: None)
+    queue.acquire("http://o")
+    await turn()
+    backend.calls[0].callback(Admission([], math.inf))  # only a release can help
+    await turn()
+    assert len(backend.calls) == 1
+    queue.wake()
+    await turn()
+    assert len(backend.calls) == 2
+    queue.close()
+    backend.calls[1].callback(Admission([lease(3)], 1000.0))
+    assert backend.released == [3]  # closed meanwhile: the lease goes back
