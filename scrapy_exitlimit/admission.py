@@ -169,11 +169,9 @@ class AdmissionQueue:
     def _admitted(self, got: Admission, key: QueueKey) -> None:
         self._pending.discard(key)
         now = self.clock()
+        self._hand_out(key, got.leases, now)  # closed meanwhile: no waiters, leases go back
         if self.closed:
-            for lease in got.leases:
-                self.backend.release(lease.id, answered=False)
             return
-        self._hand_out(key, got.leases, now)
         woken = key in self._woken
         self._woken.discard(key)
         # a release during the call may have freed what the answer says is taken

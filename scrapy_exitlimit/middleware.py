@@ -110,10 +110,10 @@ class ExitLimitMiddleware:
         self.queue = AdmissionQueue(self.backend, self._admitted)
         #: sticky sessions: meta['exitlimit_session'] -> the exit it is pinned to
         self.pins: OrderedDict[str, str] = OrderedDict()
-        self.telemetry = Telemetry.from_settings(crawler.settings)
+        telemetry = Telemetry.from_settings(crawler.settings)
         metrics = PrometheusMetrics.from_settings(crawler.settings)
         #: where admissions, answers and adjustments are recorded (telemetry, metrics)
-        self.sinks: list[Any] = [sink for sink in (self.telemetry, metrics) if sink is not None]
+        self.sinks: list[Any] = [sink for sink in (telemetry, metrics) if sink is not None]
         crawler.exitlimit = self  # type: ignore[attr-defined]  # the progress line reads it
         self._watch: Any = None
         self._cache: HttpCacheMiddleware | None = None
@@ -403,10 +403,10 @@ class ExitLimitMiddleware:
             self._record_answer(lease, response.status, signal)
         self._release(request, answered=signal is not Signal.PROXY_FAULT)
 
-    def _record_answer(self, lease: Lease, status: int | None, signal: Signal) -> None:
+    def _record_answer(self, lease: Lease, status: int, signal: Signal) -> None:
         estate = self.limiter.exits[lease.exit_id]
         pair = self.limiter.pair_state(lease.origin, lease.exit_id)
-        latency = self.limiter.clock() - lease.admitted_at if status is not None else None
+        latency = self.limiter.clock() - lease.admitted_at
         for sink in self.sinks:
             sink.response(lease.origin, lease.exit_id, status, signal.value, latency,
                           pair.bucket.rate, estate.limit, estate.in_flight)

@@ -197,7 +197,7 @@ def test_a_ban_is_per_pair_and_ends_with_a_probe():
     clock.advance(1)
     assert lim.try_admit(SITE).exit_id != lease.exit_id
     assert isinstance(lim.try_admit("http://other.test"), Lease)  # not banned elsewhere
-    assert lim.usable_exits(SITE) == 1
+    assert sum(lim.usable(SITE, exit_id) for exit_id in lim.exits) == 1
     assert lim.pair_state(SITE, lease.exit_id).banned_until == 60.0
 
 

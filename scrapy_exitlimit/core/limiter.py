@@ -243,20 +243,26 @@ class Limiter:
         return self.exit_ips.get(exit_id, exit_id)
 
     def pair_state(self, origin: str, exit_id: str) -> PairState:
-        ostate = self.origin_state(origin)
+        return self._pair(self.origin_state(origin), exit_id)
+
+    def _pair(self, ostate: OriginState, exit_id: str) -> PairState:
         key = self.exit_ips.get(exit_id, exit_id)
         pair = ostate.pairs.get(key)
         if pair is None:
-            pl = self.limits.pair(origin, exit_id)
+            pl = self.limits.pair(ostate.key, exit_id)
             t = self.tuning
             if pl.rate is not None:  # configured: a ceiling, lowered only by 429s
-                own = RateEstimate(pl.rate, floor=min(t.min_rate, pl.rate), ceiling=pl.rate)
+                own = self._fixed_estimate(pl.rate)
                 bucket = TokenBucket(pl.rate, pl.burst, t.margin)
             else:  # learned: even pacing, no burst the server has not shown it takes
                 own = None
                 bucket = TokenBucket(ostate.estimate.lo, 1, t.margin)
             pair = ostate.pairs[key] = PairState(bucket, own)
         return pair
+
+    def _fixed_estimate(self, rate: float) -> RateEstimate:
+        """A limit known from configuration or the server: no probing above it."""
+        return RateEstimate(rate, floor=min(self.tuning.min_rate, rate), ceiling=rate)
 
     def pair_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
         """The rate this pair should pace at now."""
@@ -296,8 +302,7 @@ class Limiter:
                 continue
             if estate.in_flight >= estate.limit:
                 continue
-            pair = ostate.pairs.get(self.exit_ips.get(exit_id, exit_id)) or self.pair_state(
-                origin, exit_id)
+            pair = self._pair(ostate, exit_id)
             if pair.single_file:
                 continue  # its answer will wake the queue
             self._sync_rate(ostate, exit_id, pair)
@@ -311,12 +316,18 @@ class Limiter:
                 best = (key, estate, pair)
         if best is None:
             return earliest
+        _, estate, pair = best
+        return self._take(ostate, estate, pair, now)
+
+    def _take(self, ostate: OriginState, estate: ExitState, pair: PairState,
+              now: float) -> Lease | float:
+        """The origin token, the pair token and a lease, together; or when the origin's
+        budget allows the next request (the pair is ready: the caller checked)."""
         if ostate.budget is not None:
             origin_ready = ostate.budget.ready_at(now)
             if origin_ready > now:
                 return origin_ready
             ostate.budget.consume(now)
-        _, estate, pair = best
         gap = now - pair.last_admit
         pair.bucket.consume(now)
         return self._grant(ostate, estate, pair, now, gap)
@@ -346,8 +357,7 @@ class Limiter:
             if estate.health.dead(now):
                 self._index(ostate, exit_id, estate.health.dead_until, now)
                 continue
-            pair = ostate.pairs.get(self.pair_key(exit_id)) or self.pair_state(ostate.key,
-                                                                                exit_id)
+            pair = self._pair(ostate, exit_id)
             if estate.in_flight >= estate.limit or pair.single_file:
                 estate.waiting.add(ostate.key)  # a release puts it back
                 continue
@@ -356,17 +366,11 @@ class Limiter:
             if when > now:
                 self._index(ostate, exit_id, when, now)
                 continue
-            if ostate.budget is not None:
-                origin_ready = ostate.budget.ready_at(now)
-                if origin_ready > now:
-                    self._index(ostate, exit_id, now, now)
-                    return origin_ready
-                ostate.budget.consume(now)
-            gap = now - pair.last_admit
-            pair.bucket.consume(now)
-            lease = self._grant(ostate, estate, pair, now, gap)
-            self._index(ostate, exit_id, pair.ready_at(now), now)
-            return lease
+            got = self._take(ostate, estate, pair, now)
+            # taken: back when its next token is; held up by the origin: still ready
+            self._index(ostate, exit_id, pair.ready_at(now) if isinstance(got, Lease) else now,
+                        now)
+            return got
         return index[0][0] if index else UNTIL_RELEASE
 
     def _index(self, ostate: OriginState, exit_id: str, when: float, now: float) -> None:
@@ -398,8 +402,7 @@ class Limiter:
             if estate.health.dead(now):
                 earliest = min(earliest, estate.health.dead_until)
                 continue
-            pair = ostate.pairs.get(self.exit_ips.get(exit_id, exit_id)) or self.pair_state(
-                origin, exit_id)
+            pair = self._pair(ostate, exit_id)
             if pair.single_file:
                 continue
             blocked = max(pair.cooldown_until, pair.banned_until)
@@ -481,11 +484,6 @@ class Limiter:
     def any_usable(self, origin: str, now: float | None = None) -> bool:
         now = self.clock() if now is None else now
         return any(self.usable(origin, exit_id, now) for exit_id in self.exits)
-
-    def usable_exits(self, origin: str, now: float | None = None) -> int:
-        """Exits that could ever serve this origin now."""
-        now = self.clock() if now is None else now
-        return sum(1 for exit_id in self.exits if self.usable(origin, exit_id, now))
 
     def exit_states(self, now: float, origins: Iterable[str] = ()) -> dict[str, int]:
         """How many exits are ready, cooling down, banned or dead, for these origins
@@ -702,7 +700,7 @@ class Limiter:
                 rate = min(rate, configured)
             own = pair.own
             if own is None or own.ceiling != rate or own.lo != rate:
-                pair.own = RateEstimate(rate, floor=min(self.tuning.min_rate, rate), ceiling=rate)
+                pair.own = self._fixed_estimate(rate)
                 events.append(Event("rate_announced", lease.origin, lease.exit_id,
                                     f"server states {rate:.3g} r/s"))
         elif remaining is not None and reset is not None and remaining < 1 and reset > 0:
@@ -880,15 +878,14 @@ class Limiter:
         for exit_id in set(owns) | set(ostate.pairs):
             if exit_id not in self.exits and exit_id not in ostate.pairs:
                 continue
-            pair = ostate.pairs.get(exit_id) or self.pair_state(origin, exit_id)
+            pair = ostate.pairs.get(exit_id) or self._pair(ostate, exit_id)
             if exit_id in owns:
                 if pair.own is None:
                     pair.own = RateEstimate(1.0)
                 _load_estimate(pair.own, owns[exit_id])
             else:
                 pl = self.limits.pair(origin, exit_id)
-                pair.own = (RateEstimate(pl.rate, floor=min(self.tuning.min_rate, pl.rate),
-                                         ceiling=pl.rate) if pl.rate is not None else None)
+                pair.own = self._fixed_estimate(pl.rate) if pl.rate is not None else None
 
     def _pristine(self, origin: str, exit_id: str, own: RateEstimate) -> bool:
         """A configured pair's estimate that has learned nothing yet."""
