@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -18,8 +19,9 @@ logger = logging.getLogger(__name__)
 
 
 try:  # a timer on whatever loop Scrapy runs (asyncio or the Twisted reactor)
-    from scrapy.utils.asyncio import call_later  # Scrapy >= 2.14
+    from scrapy.utils.asyncio import call_later, is_asyncio_available  # Scrapy >= 2.14
 except ImportError:  # pragma: no cover - Scrapy 2.13
+    from scrapy.utils.reactor import is_asyncio_reactor_installed as is_asyncio_available
 
     def call_later(delay: float, func: Callable[[], Any]) -> Any:  # type: ignore[misc]
         from twisted.internet import reactor
@@ -43,11 +45,36 @@ class Repin(Exception):
 QueueKey = tuple[str, "str | None"]
 
 
-@dataclass
 class Waiter:
-    key: QueueKey
-    parked_at: float
-    deferred: Deferred = field(default_factory=Deferred)
+    """A parked request: ``result`` fires with its lease (an asyncio future on the asyncio
+    loop, a Deferred on other reactors: the cheapest thing to await on each)."""
+
+    __slots__ = ("key", "parked_at", "result")
+
+    def __init__(self, key: QueueKey, parked_at: float, result: asyncio.Future | Deferred):
+        self.key = key
+        self.parked_at = parked_at
+        self.result = result
+
+    @property
+    def gone(self) -> bool:
+        """Its request stopped waiting (cancelled): a lease must go to the next one."""
+        result = self.result
+        return result.done() if isinstance(result, asyncio.Future) else result.called
+
+    def settle(self, lease: Lease) -> None:
+        if isinstance(self.result, asyncio.Future):
+            self.result.set_result(lease)
+        else:
+            self.result.callback(lease)
+
+    def fail(self, exc: Exception) -> None:
+        if self.gone:
+            return
+        if isinstance(self.result, asyncio.Future):
+            self.result.set_exception(exc)
+        else:
+            self.result.errback(exc)
 
 
 #: most leases one call to an asynchronous backend asks for
@@ -80,12 +107,14 @@ class AdmissionQueue:
         #: queues woken while their call was in flight: its answer may predate the news
         self._woken: set[QueueKey] = set()
         self.closed = False
+        self._asyncio = is_asyncio_available()
 
     def origins(self) -> set[str]:
         return {origin for origin, _ in self.queues}
 
-    def acquire(self, origin: str, only: str | None = None) -> Lease | Deferred:
-        """A lease now, or a Deferred that fires with one (or fails with HandedBack).
+    def acquire(self, origin: str, only: str | None = None) -> Lease | Awaitable[Lease]:
+        """A lease now, or something to await for one: an asyncio future on the asyncio
+        loop, else a Deferred (failing with HandedBack when handed back).
 
         ``only``: on this exit (a sticky session's pin)."""
         if self.closed:
@@ -98,14 +127,20 @@ class AdmissionQueue:
             if got.leases:
                 self.on_admit(None, got.leases[0], now)
                 return got.leases[0]
-        waiter = Waiter(key, now)
+        result = asyncio.get_running_loop().create_future() if self._asyncio else Deferred()
+        waiter = Waiter(key, now, result)
         self.queues.setdefault(key, deque()).append(waiter)
         self.parked += 1
         if self.backend.synchronous:
             self._process()
         elif self._soon is None:  # requests parked in the same loop turn share one call
-            self._soon = call_later(0, self._wake_now)
-        return waiter.deferred
+            self._soon = self._call_soon(self._wake_now)
+        return result
+
+    def _call_soon(self, func: Callable[[], None]) -> Any:
+        if self._asyncio:
+            return asyncio.get_running_loop().call_soon(func)
+        return call_later(0, func)
 
     def wake(self) -> None:
         """State changed (a lease was released, a cooldown set): look again soon."""
@@ -115,7 +150,7 @@ class AdmissionQueue:
         for key in [k for k in self._wait if k not in self._deaf]:
             del self._wait[key]
         if self._soon is None:
-            self._soon = call_later(0, self._wake_now)
+            self._soon = self._call_soon(self._wake_now)
 
     def _wake_now(self) -> None:
         self._soon = None
@@ -146,13 +181,16 @@ class AdmissionQueue:
     def _hand_out(self, key: QueueKey, leases: list[Lease], now: float) -> None:
         queue = self.queues.get(key) or deque()
         for lease in leases:
+            while queue and queue[0].gone:  # cancelled while parked
+                queue.popleft()
+                self.parked -= 1
             if not queue:  # its waiter left meanwhile (closing): the lease goes back
                 self.backend.release(lease.id, answered=False)
                 continue
             waiter = queue.popleft()
             self.parked -= 1
             self.on_admit(waiter, lease, now)
-            waiter.deferred.callback(lease)
+            waiter.settle(lease)
         if not queue:
             self.queues.pop(key, None)
 
@@ -161,10 +199,21 @@ class AdmissionQueue:
         for key, queue in list(self.queues.items()):
             if queue and key not in self._pending and self._wait.get(key, 0) <= now:
                 self._pending.add(key)
-                d = self.backend.admit(key[0], min(len(queue), BATCH), now, key[1])
-                d.addCallbacks(self._admitted, self._admit_failed, callbackArgs=(key,),
-                               errbackArgs=(key,))
+                got = self.backend.admit(key[0], min(len(queue), BATCH), now, key[1])
+                if isinstance(got, Deferred):
+                    got.addCallbacks(self._admitted, self._admit_failed, callbackArgs=(key,),
+                                     errbackArgs=(key,))
+                else:  # an asyncio future: no Deferred in between
+                    got.add_done_callback(partial(self._admit_done, key))
         self._arm_async(now)
+
+    def _admit_done(self, key: QueueKey, future: asyncio.Future) -> None:
+        if future.cancelled():
+            self._admit_failed("cancelled", key)
+        elif future.exception() is not None:
+            self._admit_failed(repr(future.exception()), key)
+        else:
+            self._admitted(future.result(), key)
 
     def _admitted(self, got: Admission, key: QueueKey) -> None:
         self._pending.discard(key)
@@ -186,7 +235,7 @@ class AdmissionQueue:
         self._pending.discard(key)
         self._woken.discard(key)
         logger.error("exitlimit: admission call failed for %s: %s", key[0],
-                     failure.getErrorMessage())
+                     failure if isinstance(failure, str) else failure.getErrorMessage())
         self._wait[key] = self.clock() + 0.1
         if not self.closed:
             self._arm_async(self.clock())
@@ -224,7 +273,7 @@ class AdmissionQueue:
             self.parked -= len(queue)
             failed += len(queue)
             for waiter in queue:
-                waiter.deferred.errback(exc)
+                waiter.fail(exc)
         return failed
 
     def close(self) -> int:
@@ -233,7 +282,7 @@ class AdmissionQueue:
         handed = 0
         for queue in self.queues.values():
             while queue:
-                queue.popleft().deferred.errback(HandedBack())
+                queue.popleft().fail(HandedBack())
                 handed += 1
         self.queues.clear()
         self.parked = 0

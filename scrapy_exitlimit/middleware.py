@@ -15,6 +15,7 @@ from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
+from twisted.internet.defer import Deferred
 from twisted.internet.error import TCPTimedOutError
 from twisted.internet.error import TimeoutError as TwistedTimeoutError
 
@@ -282,7 +283,8 @@ class ExitLimitMiddleware:
                 if not isinstance(got, Lease):
                     self.stats.inc_value("exitlimit/parked")
                     self.stats.max_value("exitlimit/parked_max", self.queue.parked)
-                    got = await maybe_deferred_to_future(got)
+                    got = await (maybe_deferred_to_future(got) if isinstance(got, Deferred)
+                                 else got)
                 break
             except HandedBack:
                 self.stats.inc_value("exitlimit/requeued_on_close")

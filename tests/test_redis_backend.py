@@ -121,11 +121,11 @@ async def test_a_429_seen_by_one_crawl_cools_the_pair_for_the_other(redis_url):
     one.open()
     two.open()
     try:
-        got = await one.admit("http://o", 1, one.clock())
+        got = await admit(one, "http://o")
         lease = got.leases[0]
         one.rate_limited(lease, 30.0)
         await _drain(one)
-        got = await two.admit("http://o", 1, two.clock())
+        got = await admit(two, "http://o")
         assert got.leases == []
         assert got.wait - two.clock() == pytest.approx(30.0, abs=4.0)  # jitter is up to 10 %
     finally:
@@ -143,9 +143,9 @@ async def test_learning_is_shared_and_one_congestion_event_lowers_the_rate_once(
     two.open()
     origin = "http://o"
     try:
-        a = (await one.admit(origin, 1, one.clock())).leases[0]
+        a = (await admit(one, origin)).leases[0]
         await _drain(one)
-        b = (await two.admit(origin, 1, two.clock())).leases[0]
+        b = (await admit(two, origin)).leases[0]
         await _drain(two)
         assert a.rate == 16  # the pool's scout probes at twice the start rate
         # both 429s belong to one congestion event: only the first teaches anything
@@ -153,7 +153,7 @@ async def test_learning_is_shared_and_one_congestion_event_lowers_the_rate_once(
         await _drain(one)
         two.rate_limited(b, 0.01)
         await _drain(two)
-        await two.admit(origin, 1, two.clock())  # syncs what the pool learned
+        await admit(two, origin)  # syncs what the pool learned
         await _drain(two)
         est_one = one.limiter.origin_state(origin).estimate
         est_two = two.limiter.origin_state(origin).estimate
@@ -161,6 +161,13 @@ async def test_learning_is_shared_and_one_congestion_event_lowers_the_rate_once(
     finally:
         await one.close()
         await two.close()
+
+
+async def admit(backend: RedisBackend, origin: str, want: int = 1):
+    """One admission call (an asyncio future), awaited from a Twisted coroutine."""
+    from twisted.internet.defer import Deferred
+
+    return await Deferred.fromFuture(backend.admit(origin, want, backend.clock()))
 
 
 async def _drain(backend: RedisBackend) -> None:
@@ -185,13 +192,13 @@ async def test_leases_of_a_killed_process_expire(redis_url, monkeypatch):
     monkeypatch.setattr(backend_module, "LEASE_TTL", -1.0)  # the "dead" one's leases lapse
     dead = RedisBackend(config, settings)
     dead.open()
-    assert (await dead.admit("http://o", 1, dead.clock())).leases
+    assert (await admit(dead, "http://o")).leases
     dead._closed = True  # killed: no heartbeat, no release
     monkeypatch.setattr(backend_module, "LEASE_TTL", 15.0)
     alive = RedisBackend(config, settings)
     alive.open()
     try:
-        assert (await alive.admit("http://o", 1, alive.clock())).leases
+        assert (await admit(alive, "http://o")).leases
     finally:
         await alive.close()
 

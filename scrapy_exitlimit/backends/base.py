@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -31,7 +32,8 @@ class Backend:
 
     A backend owns a :class:`~scrapy_exitlimit.core.Limiter` running on the
     backend's clock. ``admit`` grants up to ``want`` leases for an origin; a
-    synchronous backend answers at once, an asynchronous one with a Deferred.
+    synchronous backend answers at once, an asynchronous one with a Deferred or
+    an asyncio future.
     The feedback methods apply the control laws locally and return their
     events; a shared backend also publishes their effect.
     """
@@ -52,7 +54,7 @@ class Backend:
         return time.monotonic()
 
     def admit(self, origin: str, want: int, now: float,
-              only: str | None = None) -> Admission | Deferred:
+              only: str | None = None) -> Admission | Deferred | asyncio.Future:
         """Up to ``want`` leases for ``origin`` (on exit ``only``, when given)."""
         raise NotImplementedError
 

@@ -38,6 +38,7 @@ from twisted.internet.defer import Deferred
 
 from ..core import Candidate, Event, Lease
 from .base import Admission, Backend
+from .channel import ScriptChannel, open_channel
 
 try:
     import redis
@@ -129,6 +130,7 @@ class RedisBackend(Backend):
         self.processes = 1
         self._client: aioredis.Redis | None = None
         self._script: Any = None
+        self._channel: ScriptChannel | None = None  # the lean path for script calls
         self._lua = resources.files(__package__).joinpath("exitlimit.lua").read_text()
         self._keys: dict[Any, tuple[str, ...]] = {}
         self._learn_seen: dict[str, str] = {}  # origin -> version this process knows
@@ -188,15 +190,20 @@ class RedisBackend(Backend):
 
     def _connect(self) -> None:
         """The asyncio client, created on the running loop."""
+        if self._channel is not None:
+            self._channel.close()
         self._client = (aioredis.Redis.from_url(self.url, **self.params) if self.url
                         else aioredis.Redis(**self.params))
         self._script = self._client.register_script(self._lua)
+        self._channel = open_channel(self._client, self._lua)
 
     async def _call(self, keys: list[str], args: list[Any]) -> Any:
         """One script call (one round trip)."""
         if self._client is None:
             self._connect()
         self.round_trips += 1
+        if self._channel is not None:
+            return await self._channel.call(keys, args)
         return await self._script(keys=keys, args=args)
 
     def _take_releases(self) -> tuple[list[str], list[Any]]:
@@ -228,6 +235,9 @@ class RedisBackend(Backend):
         for task in (self._heartbeat, self._reconnect, *self._tasks):
             if task is not None:
                 task.cancel()
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
         if self._client is None:
             return None
         client, self._client = self._client, None
@@ -326,8 +336,9 @@ class RedisBackend(Backend):
                 self.processes = int(reply[1])
 
     # -- admission ------------------------------------------------------------
-    def admit(self, origin: str, want: int, now: float, only: str | None = None) -> Deferred:
-        return Deferred.fromFuture(asyncio.ensure_future(self._admit(origin, want, only)))
+    def admit(self, origin: str, want: int, now: float,
+              only: str | None = None) -> asyncio.Future:
+        return asyncio.ensure_future(self._admit(origin, want, only))
 
     async def _admit(self, origin: str, want: int, only: str | None) -> Admission:
         if not self.shared:

@@ -18,13 +18,15 @@ def free_port() -> int:
 class RedisServer:
     """``start()``/``stop()`` can be called again: a restart keeps the port, loses the data."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, *extra: str) -> None:
+        """``extra``: more redis-server arguments (``--unixsocket PATH``, say)."""
         binary = binary or shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (apt install redis-server)")
         self.binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="exitlimit-redis-")
+        self.extra = extra
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -34,7 +36,7 @@ class RedisServer:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
+             "--appendonly", "no", "--dir", self.dir, *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
