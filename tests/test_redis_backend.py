@@ -272,3 +272,40 @@ def test_three_processes_share_their_exits_within_the_limit(redis_url):
     # unshared, three processes would each send the full rate: 3x the limit
     assert origin["totals"]["status"].get("429", 0) == 0, origin["totals"]
     assert all(r["exitlimit"]["exitlimit/redis_round_trips"] > 0 for r in results)
+
+
+@pytest_twisted.ensureDeferred
+async def test_quiet_answers_look_at_what_was_learned_at_most_every_learn_check(redis_url):
+    """The look is a walk over the origin's pairs: not once per answer on a large pool;
+    feedback with events (a 429) is looked at, and published, at once."""
+    import scrapy_exitlimit.backends.redis as backend_module
+
+    settings = Settings({"EXITLIMIT_EXITS": EXITS, "EXITLIMIT_RATE": 1000,
+                         **redis_crawl_settings(redis_url)})
+    backend = RedisBackend(ExitLimitConfig.from_settings(settings), settings)
+    backend.open()
+    looks = []
+    mark = backend.limiter.learning_mark
+    backend.limiter.learning_mark = lambda origin: looks.append(origin) or mark(origin)
+    try:
+        lease = (await admit(backend, "http://o")).leases[0]
+        await _drain(backend)
+        clock = [backend.clock() + backend_module.LEARN_CHECK]
+        backend.clock = lambda: clock[0]
+        looks.clear()
+        for _ in range(50):  # 50 quiet answers within one LEARN_CHECK
+            backend.success(lease, 0.01)
+        assert len(looks) == 1
+        await _drain(backend)  # a publish, if that look found news
+        clock[0] += 2 * backend_module.LEARN_CHECK
+        looks.clear()
+        backend.success(lease, 0.01)
+        backend.success(lease, 0.01)
+        assert len(looks) == 1
+        await _drain(backend)
+        looks.clear()
+        backend.rate_limited(lease, 1.0)  # events: at once
+        assert len(looks) == 1
+        await _drain(backend)
+    finally:
+        await backend.close()

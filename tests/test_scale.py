@@ -42,6 +42,34 @@ def test_large_pool_sets_busy_exits_aside_until_a_release():
     assert isinstance(again, Lease) and again.exit_id == held[3].exit_id
 
 
+def test_planning_for_a_shared_backend_looks_at_a_few_exits_of_a_large_pool_in_turn():
+    """The Redis backend plans every admission call: its cost follows the candidates
+    asked for, not the pool (pair state is made only for the exits looked at)."""
+    clock = FakeClock()
+    n = limiter_module.INDEX_ABOVE * 8
+    lim = big_limiter(n, clock)
+    seen: list[str] = []
+    for _ in range(n // 8):
+        candidates, _ = lim.plan("http://o", clock.now, 8)
+        assert len(candidates) == 8
+        seen += [c.exit_id for c in candidates]
+        assert len(lim.origin_state("http://o").pairs) == len(seen)  # looked at no more
+    assert len(set(seen)) == n  # round robin: every exit in turn, none twice
+
+
+def test_planning_leaves_out_exits_this_process_alone_fills():
+    clock = FakeClock()
+    for n in (3, limiter_module.INDEX_ABOVE + 3):  # scanned and round robin alike
+        lim = big_limiter(n, clock, rate=1000.0, concurrency=1)
+        held = lim.try_admit("http://o")
+        assert isinstance(held, Lease)
+        candidates, earliest = lim.plan("http://o", clock.now, n)
+        assert held.exit_id not in {c.exit_id for c in candidates}
+        assert len(candidates) == n - 1
+        lim.release(held.id)
+        assert held.exit_id in {c.exit_id for c in lim.plan("http://o", clock.now, n)[0]}
+
+
 def test_idle_pairs_and_origins_are_forgotten_but_not_what_still_matters():
     clock = FakeClock()
     lim = big_limiter(3, clock)

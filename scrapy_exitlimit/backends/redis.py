@@ -70,6 +70,9 @@ RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
 #: a release waits this long for a call to ride along with (the next admission, usually);
 #: other processes see the freed place that much later, pacing is not shifted
 RELEASE_DELAY = 0.025
+#: what this process learned is looked at (a walk over the origin's pairs) at most this
+#: often after quiet answers; feedback with events is published at once
+LEARN_CHECK = 0.05
 ON_ERROR = ("local", "pause")
 #: scrapy-redis settings -> redis-py arguments
 _SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
@@ -135,6 +138,7 @@ class RedisBackend(Backend):
         self._keys: dict[Any, tuple[str, ...]] = {}
         self._learn_seen: dict[str, str] = {}  # origin -> version this process knows
         self._marks: dict[str, tuple] = {}  # origin -> learning_mark at the last sync
+        self._mark_checked: dict[str, float] = {}  # origin -> when it was last looked at
         self._publishing: set[str] = set()
         self._shared_leases: set[int] = set()
         #: lease releases not yet sent: they ride along with the next call
@@ -446,10 +450,14 @@ class RedisBackend(Backend):
             self.limiter.import_learning(origin, json.loads(blob))
         self._marks[origin] = self.limiter.learning_mark(origin)
 
-    def _sync_learning(self, origin: str) -> None:
+    def _sync_learning(self, origin: str, urgent: bool = False) -> None:
         """Publish what this process learned since it last synced (one update in flight)."""
         if not self.shared or origin in self._publishing:
             return
+        now = self.clock()
+        if not urgent and now - self._mark_checked.get(origin, -math.inf) < LEARN_CHECK:
+            return
+        self._mark_checked[origin] = now
         mark = self.limiter.learning_mark(origin)
         if mark == self._marks.get(origin):
             return
@@ -472,6 +480,7 @@ class RedisBackend(Backend):
                 self._adopt(origin, version, current)
         finally:
             self._publishing.discard(origin)
+        self._sync_learning(origin, urgent=True)  # what it learned meanwhile, if anything
 
     # -- feedback ----------------------------------------------------------------
     def release(self, lease_id: int, answered: bool = True) -> Lease | None:
@@ -516,7 +525,7 @@ class RedisBackend(Backend):
                 self._spawn(self._shared_op([self._key("exit", ev.exit_id)],
                                             ["dead", repr(max(seconds, 0.0))]))
         if origin:
-            self._sync_learning(origin)
+            self._sync_learning(origin, urgent=bool(events))
         return events
 
     def success(self, lease: Lease, latency: float | None = None) -> list[Event]:

@@ -7,7 +7,7 @@ import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +136,8 @@ class OriginState:
     index: list[tuple[float, int, str]] = field(default_factory=list)
     ready: list[str] = field(default_factory=list)  # ready exits, the warmest last
     indexed: set[str] = field(default_factory=set)  # exits on the heap or the stack
+    #: large pools, shared backends: where the next plan starts looking (round robin)
+    plan_from: int = 0
     last_used: float = -math.inf
     #: exit -> its last timeout here (recent ones only): many exits at once is the origin
     timeouts: dict[str, float] = field(default_factory=dict)
@@ -213,6 +215,7 @@ class Limiter:
             )
             for ex in exits
         }
+        self._exit_order = list(self.exits)
         self.origins: dict[str, OriginState] = {}
         self.leases: dict[int, Lease] = {}
         self._next_lease_id = 1
@@ -388,9 +391,12 @@ class Limiter:
         """For a shared backend: the exits this process would try, best first, and the
         earliest time an exit left out could come back (``UNTIL_RELEASE``: an answer).
 
-        Leaves out what local knowledge rules out (dead exits, pairs cooling
-        down, banned or single-file); whether a token and a lease are free is
-        for the shared state to say. Pacing rates are synced first.
+        Leaves out what local knowledge rules out (dead exits, exits this
+        process alone fills, pairs cooling down, banned or single-file); whether
+        a token and a lease are free is for the shared state to say. Pacing
+        rates are synced first. Large pools are looked at round robin, from
+        where the last plan stopped, until ``limit`` candidates are found: the
+        cost follows ``limit``, not the pool's size.
         """
         now = self.clock() if now is None else now
         ostate = self.origin_state(origin)
@@ -398,9 +404,15 @@ class Limiter:
         self._tick_estimate(ostate, now)
         ranked: list[tuple[tuple[float, float], Candidate]] = []
         earliest = UNTIL_RELEASE
-        for exit_id, estate in self._pool(only):
+        pool: Iterable[tuple[str, ExitState]] = self._pool(only)
+        enough = math.inf
+        if only is None and limit is not None and len(self.exits) > INDEX_ABOVE:
+            pool, enough = self._round_robin(ostate), limit
+        for exit_id, estate in pool:
             if estate.health.dead(now):
                 earliest = min(earliest, estate.health.dead_until)
+                continue
+            if estate.in_flight >= estate.limit:  # a release here wakes the queue
                 continue
             pair = self._pair(ostate, exit_id)
             if pair.single_file:
@@ -414,8 +426,17 @@ class Limiter:
             ranked.append(((estate.in_flight / estate.limit, pair.last_admit),
                            Candidate(exit_id, bucket.interval, bucket.tolerance, estate.limit,
                                      self.pair_key(exit_id))))
+            if len(ranked) >= enough:
+                break
         ranked.sort(key=lambda item: item[0])
         return [c for _, c in ranked[:limit]], earliest
+
+    def _round_robin(self, ostate: OriginState) -> Iterator[tuple[str, ExitState]]:
+        order, start = self._exit_order, ostate.plan_from
+        for i in range(len(order)):
+            index = (start + i) % len(order)
+            ostate.plan_from = index + 1
+            yield order[index], self.exits[order[index]]
 
     def reserve_lease_ids(self, count: int) -> int:
         """Set aside ``count`` lease ids (for a shared backend naming leases up front)."""
