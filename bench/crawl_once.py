@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--first", type=int, default=0, help="number of the first page")
     ap.add_argument("--redis", default="", help="Redis URL for the exitlimit-redis* strategies")
+    ap.add_argument("--concurrent-items", type=int, default=0,
+                    help="CONCURRENT_ITEMS (Scrapy starts that many tasks per response)")
     args = ap.parse_args()
     exits = args.exits.split(",")
     settings = {
@@ -77,6 +79,7 @@ def main() -> None:
         "TELNETCONSOLE_ENABLED": False,
         "ROBOTSTXT_OBEY": False,
         "CLOSESPIDER_TIMEOUT": args.timeout,
+        **({"CONCURRENT_ITEMS": args.concurrent_items} if args.concurrent_items else {}),
         **strategy_settings(args.strategy, exits, args.rate, args.redis),
     }
     process = CrawlerProcess(settings)

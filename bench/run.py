@@ -73,7 +73,8 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
         [sys.executable, str(HERE / "crawl_once.py"), "--strategy", name, "--origin", origin,
          "--exits", ",".join(lab["exit_urls"]), "--rate", str(args.rate),
          "--pages", str(share if i < procs - 1 else pages - share * i),
-         "--first", str(share * i), "--timeout", str(args.timeout), "--redis", args.redis],
+         "--first", str(share * i), "--timeout", str(args.timeout), "--redis", args.redis,
+         *(["--concurrent-items", str(args.concurrent_items)] if args.concurrent_items else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) for i in range(procs)]
     parts = []
@@ -141,6 +142,8 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--events", metavar="DIR", help="save the origin's arrivals per strategy")
     ap.add_argument("--procs", type=int, default=3, help="crawl processes in scenario shared")
+    ap.add_argument("--concurrent-items", type=int, default=0, metavar="N",
+                    help="CONCURRENT_ITEMS for every crawl (default: Scrapy's, 100)")
     args = ap.parse_args()
     strategies = args.strategies.split(",") if args.strategies else SCENARIOS[args.scenario][2]
     lab, info = start_lab(args)
