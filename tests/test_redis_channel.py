@@ -193,3 +193,13 @@ async def test_the_backend_admits_through_redis_py_when_there_is_no_channel(redi
         assert through_redis_py[0] == "admit"
     finally:
         await backend.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_channel_closed_while_connecting_leaves_no_connection(redis_url):
+    channel = channel_for(redis_url)
+    call = asyncio.ensure_future(channel.call(["a"], [1]))  # starts connecting
+    channel.close()
+    with pytest.raises(redis.ConnectionError):
+        await Deferred.fromFuture(call)
+    assert channel._protocol is None

@@ -119,6 +119,7 @@ class ScriptChannel:
         self.sha = hashlib.sha1(script.encode()).hexdigest()
         self._protocol: _Protocol | None = None
         self._opening: asyncio.Future | None = None
+        self._closed = False
 
     async def call(self, keys: list[str], args: list[Any]) -> Any:
         protocol = self._protocol
@@ -169,10 +170,14 @@ class ScriptChannel:
         except BaseException:
             protocol.fail(redis.ConnectionError("Redis handshake failed"))
             raise
+        if self._closed:  # closed while connecting: no connection left behind
+            protocol.fail(redis.ConnectionError("channel closed"))
+            raise redis.ConnectionError("channel closed")
         self._protocol = protocol
         return protocol
 
     def close(self) -> None:
+        self._closed = True
         if self._protocol is not None:
             self._protocol.fail(redis.ConnectionError("channel closed"))
             self._protocol = None
