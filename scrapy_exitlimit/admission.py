@@ -201,7 +201,7 @@ class AdmissionQueue:
                 self._pending.add(key)
                 got = self.backend.admit(key[0], min(len(queue), BATCH), now, key[1])
                 if isinstance(got, Deferred):
-                    got.addCallbacks(self._admitted, self._admit_failed, callbackArgs=(key,),
+                    got.addCallbacks(self._admitted, self._admit_errback, callbackArgs=(key,),
                                      errbackArgs=(key,))
                 else:  # an asyncio future: no Deferred in between
                     got.add_done_callback(partial(self._admit_done, key))
@@ -214,6 +214,9 @@ class AdmissionQueue:
             self._admit_failed(repr(future.exception()), key)
         else:
             self._admitted(future.result(), key)
+
+    def _admit_errback(self, failure: Any, key: QueueKey) -> None:
+        self._admit_failed(failure.getErrorMessage(), key)
 
     def _admitted(self, got: Admission, key: QueueKey) -> None:
         self._pending.discard(key)
@@ -231,11 +234,10 @@ class AdmissionQueue:
             self._deaf.add(key)
         self._process_async()
 
-    def _admit_failed(self, failure: Any, key: QueueKey) -> None:
+    def _admit_failed(self, why: str, key: QueueKey) -> None:
         self._pending.discard(key)
         self._woken.discard(key)
-        logger.error("exitlimit: admission call failed for %s: %s", key[0],
-                     failure if isinstance(failure, str) else failure.getErrorMessage())
+        logger.error("exitlimit: admission call failed for %s: %s", key[0], why)
         self._wait[key] = self.clock() + 0.1
         if not self.closed:
             self._arm_async(self.clock())

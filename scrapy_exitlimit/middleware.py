@@ -15,7 +15,6 @@ from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
-from twisted.internet.defer import Deferred
 from twisted.internet.error import TCPTimedOutError
 from twisted.internet.error import TimeoutError as TwistedTimeoutError
 
@@ -283,8 +282,7 @@ class ExitLimitMiddleware:
                 if not isinstance(got, Lease):
                     self.stats.inc_value("exitlimit/parked")
                     self.stats.max_value("exitlimit/parked_max", self.queue.parked)
-                    got = await (maybe_deferred_to_future(got) if isinstance(got, Deferred)
-                                 else got)
+                    got = await got  # a future on asyncio, a Deferred on other reactors
                 break
             except HandedBack:
                 self.stats.inc_value("exitlimit/requeued_on_close")

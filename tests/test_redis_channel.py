@@ -74,13 +74,18 @@ async def test_script_errors_surface_as_redis_errors(redis_url):
         channel.close()
 
 
+async def fake_redis(protocol: type[asyncio.Protocol]) -> tuple[asyncio.Server, str]:
+    """A loopback server speaking ``protocol`` where Redis should be, and its URL."""
+    server = await run(asyncio.get_event_loop().create_server(protocol, "127.0.0.1", 0))
+    return server, f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_silent_redis_times_out_within_the_socket_timeout():
     """Accepts, never answers: the call fails after EXITLIMIT_REDIS_TIMEOUT, not never."""
     loop = asyncio.get_event_loop()
-    server = await run(loop.create_server(asyncio.Protocol, "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    channel = channel_for(f"redis://127.0.0.1:{port}/0", socket_timeout=0.2)
+    server, url = await fake_redis(asyncio.Protocol)
+    channel = channel_for(url, socket_timeout=0.2)
     try:
         started = loop.time()
         with pytest.raises(redis.TimeoutError):
@@ -103,10 +108,8 @@ class HangUp(asyncio.Protocol):
 
 @pytest_twisted.ensureDeferred
 async def test_a_lost_connection_fails_the_calls_in_flight():
-    loop = asyncio.get_event_loop()
-    server = await run(loop.create_server(HangUp, "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    channel = channel_for(f"redis://127.0.0.1:{port}/0")
+    server, url = await fake_redis(HangUp)
+    channel = channel_for(url)
     try:
         with pytest.raises(redis.ConnectionError):
             await run(channel.call(["a"], [1]))

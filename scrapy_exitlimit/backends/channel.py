@@ -70,9 +70,10 @@ class _Protocol(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(hiredis.pack_command(args))
         future = self._loop.create_future()
-        self.waiting.append((future, self._loop.time() + self.timeout))
+        deadline = self._loop.time() + self.timeout
+        self.waiting.append((future, deadline))
         if self._watch is None:
-            self._watch = self._loop.call_at(self._loop.time() + self.timeout, self._check)
+            self._watch = self._loop.call_at(deadline, self._check)
         return future
 
     def _check(self) -> None:

@@ -352,6 +352,7 @@ class RedisBackend(Backend):
         if origin not in limiter.origins:  # new, or forgotten while idle: learn it afresh
             self._learn_seen.pop(origin, None)
             self._marks.pop(origin, None)
+            self._mark_checked.pop(origin, None)
         candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
         if not candidates:
             return Admission([], earliest)
