@@ -22,10 +22,13 @@ class TokenBucket:
         self.margin = margin
         self.set_rate(rate, burst)
 
-    def set_rate(self, rate: float, burst: int | None = None) -> None:
+    def set_rate(self, rate: float, burst: int | None = None,
+                 margin: float | None = None) -> None:
         if not rate > 0 or math.isinf(rate):
             raise ValueError(f"rate must be a positive finite number, got {rate!r}")
         burst = self.burst if burst is None else burst
+        if margin is not None:
+            self.margin = margin
         if burst < 1:
             raise ValueError(f"burst must be >= 1, got {burst!r}")
         if self.margin < 0:

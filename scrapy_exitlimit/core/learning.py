@@ -1,4 +1,4 @@
-"""Learning a rate limit from the server's answers: what is known clean, what drew a 429."""
+"""Learning one rate limit from the server's answers: what is known clean, what drew a 429."""
 
 from __future__ import annotations
 
@@ -12,19 +12,26 @@ RESOLUTION = 0.03
 #: after a 429 at or below what was thought clean, restart this far under it: gently
 #: for a lone 429 (near a converged limit, timing noise), hard when 429s come in a row
 BACKOFF_BY_STREAK = (0.94, 0.7, 0.5)
-#: a known ceiling is forgotten this fast while clean (per second): the server's
-#: limit may have been raised, so probing resumes now and then
-CEILING_DRIFT = 0.002
+#: a start rate never proven clean that draws a 429 is tried again this much lower
+DISCOVERY_BACKOFF = 0.5
+#: a known ceiling is forgotten this fast while clean (per second), so a raised limit
+#: is found: fast at first, slower each time a re-probe finds the ceiling where it was
+CEILING_DRIFT = 0.01
+CEILING_DRIFT_MIN = 0.0025
 
 
 @dataclass
 class RateEstimate:
     """What one limit is known to be: ``lo`` was seen clean, ``hi`` drew a 429.
 
-    The rate to use is ``lo``; the rate to probe is ``target()``: ``lo x GROWTH``
-    before any 429 (slow start), then the geometric middle of ``lo`` and ``hi``
-    (bisection) until they are within ``RESOLUTION``. Plain arithmetic: the
-    caller brings time and decides what counts as a confirmation.
+    The rate to use is ``lo``; the rate to probe is ``target()``: ``lo`` itself
+    until it is ``proven`` (a start rate is a guess), then ``lo x GROWTH`` before
+    any 429 (slow start), then the geometric middle of ``lo`` and ``hi``
+    (bisection) until they are within ``RESOLUTION``. While clean, ``hi`` drifts
+    up so that probing resumes; a confirmation at or above the rate that last drew
+    a 429 (``seen``) says the limit was raised: slow start again from there.
+    Plain arithmetic: the caller brings time and decides what counts as a
+    confirmation.
     """
 
     lo: float
@@ -36,6 +43,10 @@ class RateEstimate:
     changed_at: float = -math.inf
     #: when ``lo`` last went up: a 429 soon after says the raise was wrong
     raised_at: float = -math.inf
+    proven: bool = True
+    #: the rate that last drew a 429, before any drift
+    seen: float | None = None
+    drift_rate: float = CEILING_DRIFT
 
     def __post_init__(self) -> None:
         self.lo = min(max(self.lo, self.floor), self.ceiling)
@@ -48,34 +59,46 @@ class RateEstimate:
 
     def target(self) -> float:
         """The next rate worth trying; equal to ``lo`` when there is nothing to probe."""
-        if self.converged:
+        if self.converged or not self.proven:
             return self.lo
         if self.hi is None:
             return min(self.lo * GROWTH, self.ceiling)
         return min(math.sqrt(self.lo * self.hi), self.ceiling)
 
     def confirmed(self, rate: float, now: float) -> None:
-        """``rate`` ran clean: it is the new floor of what we know."""
+        """``rate`` ran clean: it is the new floor of what we know (and an unproven
+        ``lo`` is proven: the caller judged the pace close enough to it)."""
+        if not self.proven:
+            self.proven = True
+            self.changed_at = now
         if rate > self.lo:
             self.lo = min(rate, self.ceiling)
-            if self.hi is not None and self.hi <= self.lo:
-                self.hi = None  # the limit was raised: slow start again from here
+            if self.hi is not None and (self.hi <= self.lo or self.seen is not None
+                                        and self.lo >= self.seen):
+                # the limit was raised: slow start again from here
+                self.hi = self.seen = None
+                self.drift_rate = CEILING_DRIFT
             self.changed_at = self.raised_at = now
 
     def rejected(self, rate: float, now: float, streak: int = 1) -> None:
         """A 429 at ``rate`` (what was actually admitted just before it), the
         ``streak``-th in a row without a success in between."""
         rate = max(rate, self.floor)
+        if self.seen is not None and rate >= self.seen * (1 - RESOLUTION):
+            # a re-probe found the ceiling where it was: probe less often
+            self.drift_rate = max(self.drift_rate / 2, CEILING_DRIFT_MIN)
+        self.seen = rate
         self.hi = rate if self.hi is None else min(self.hi, rate)
-        if self.lo >= self.hi:  # what we thought clean is not: the limit is lower
+        if not self.proven:  # the start rate was a guess, and too high
+            self.lo = max(min(self.lo, rate * DISCOVERY_BACKOFF), self.floor)
+        elif self.lo >= self.hi:  # what we thought clean is not: the limit is lower
             self.lo = max(self.hi * backoff(streak), self.floor)
         self.changed_at = now
-
 
     def drift(self, seconds: float) -> None:
         """Forget the ceiling slowly while clean."""
         if self.hi is not None and seconds > 0:
-            self.hi *= 1 + CEILING_DRIFT * seconds
+            self.hi *= 1 + self.drift_rate * seconds
 
 
 def backoff(streak: int) -> float:

@@ -9,12 +9,15 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .bucket import TokenBucket
+from .events import Event
 from .exits import Exit
 from .health import ConcurrencyLimit, ExitHealth
-from .learning import RESOLUTION, RateEstimate, backoff
+from .learner import OriginLearner, PairLearning, estimate_data, load_estimate
+from .learning import RateEstimate
 from .limits import Limits
 
 Clock = Callable[[], float]
@@ -24,14 +27,8 @@ UNTIL_RELEASE = math.inf
 LATENCY_FORGET = 0.02
 #: answers a pair needs before its fastest latency is trusted to bound arrival times
 WARM_ANSWERS = 3
-#: clean answers at a probed rate, with the pair really pacing, that confirm it:
-#: few in slow start (far from any known ceiling), more when bisecting near one
-CONFIRMATIONS = 2
-CONFIRMATIONS_NEAR_CEILING = 3
-#: a 429 at the pool's rate this soon after it was raised blames the raise, not the exit
-RAISE_TRUST = 10.0
-#: a scout that has not settled its probe in this many intervals hands it on
-SCOUT_PATIENCE = 20
+#: latency samples the arrival spread of a pair is read from (its 90th percentile)
+SPREAD_SAMPLES = 16
 #: timeouts on several exits of one origin within this many seconds blame the origin
 TIMEOUT_WINDOW = 30.0
 #: pools larger than this are searched through a per-origin index, not a scan
@@ -64,14 +61,10 @@ class PairState:
     """(origin, exit): where the server's per-IP limit lives."""
 
     bucket: TokenBucket
-    #: this pair's own knowledge of its limit: always with a configured rate,
-    #: and in learned mode once the pair proved slower than the origin's others
-    own: RateEstimate | None = None
+    #: what the answers taught about this pair's limit (its own rate, trust, probes)
+    learning: PairLearning = field(default_factory=PairLearning)
     cooldown_until: float = -math.inf
     streak_429: int = 0
-    #: 429s since the last success at the pair's pacing rate (a success right after a
-    #: cooldown proves nothing about the rate): how hard the next decrease is
-    rate_streak: int = 0
     in_flight: int = 0
     #: no answer seen yet: the first request may sit behind a cold connection and
     #: reach the server late, so the second one would land too close behind it
@@ -79,14 +72,25 @@ class PairState:
     #: the fastest admission-to-answer time seen lately (drifts up slowly)
     min_latency: float = math.inf
     answers: int = 0
+    #: how much later than the fastest an answer comes (recent samples), and their 90th
+    #: percentile: how far apart in time requests paced evenly may reach the server
+    lateness: deque[float] = field(default_factory=lambda: deque(maxlen=SPREAD_SAMPLES))
+    spread: float = 0.0
     breaker_opened: int = 0  # times the breaker opened without a success since
     half_open: bool = False
     banned_until: float = -math.inf
     bans: int = 0
     last_admit: float = -math.inf
-    confirmations: int = 0
-    confirmed_rate: float = math.inf  # the lowest achieved rate in the current streak
     last_success: float = -math.inf
+
+    @property
+    def own(self) -> RateEstimate | None:
+        """The pair's own limit (configured, announced, or learned as slower than the pool)."""
+        return self.learning.own
+
+    @own.setter
+    def own(self, value: RateEstimate | None) -> None:
+        self.learning.own = value
 
     @property
     def single_file(self) -> bool:
@@ -117,20 +121,16 @@ class ExitState:
 @dataclass
 class OriginState:
     key: str
+    #: the origin as a whole: paced at the learned (or configured) site rate and
+    #: the 503 budget, whichever is lower; None while neither applies
     budget: TokenBucket | None
-    #: the origin's typical per-exit limit, learned once for the whole pool
-    estimate: RateEstimate
+    #: what the origin's answers taught: the pool's per-IP rate, the site's, scouts
+    learner: OriginLearner
     pairs: dict[str, PairState] = field(default_factory=dict)
-    scout: str | None = None  # the one pair probing above what is known clean
-    scout_since: float = -math.inf
     overloaded_until: float = -math.inf  # 503: no budget increase before this
-    #: admission times over the last second or two: the origin's actual rate
-    admissions: deque[float] = field(default_factory=deque)
     overload_at: float = -math.inf  # the last 503 decrease
-    first_admission: float = math.inf
-    #: exits that 429'd at the pool's rate since it last went up
-    suspects: set[str] = field(default_factory=set)
-    last_estimate_tick: float = -math.inf
+    overload_rate: float | None = None  # the 503 budget, growing back while clean
+    last_admit: float = -math.inf  # the origin's latest admission, any exit
     #: large pools: exits by the time they could next be admitted (a lower bound,
     #: checked when taken); exits set aside until a release are in neither
     index: list[tuple[float, int, str]] = field(default_factory=list)
@@ -141,6 +141,15 @@ class OriginState:
     last_used: float = -math.inf
     #: exit -> its last timeout here (recent ones only): many exits at once is the origin
     timeouts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def estimate(self) -> RateEstimate:
+        """The origin's typical per-IP limit, learned once for the whole pool."""
+        return self.learner.pool
+
+    @property
+    def scout(self) -> str | None:
+        return self.learner.scout
 
 
 @dataclass(frozen=True)
@@ -167,16 +176,7 @@ class Lease:
     gap: float  # time since the pair's previous admission
     was_full: bool  # this lease filled the exit's limit
     pair: str = ""  # the pair key (exit IP or exit id) that counts it in flight
-
-
-@dataclass(frozen=True)
-class Event:
-    """A change worth a log line and a stat: kind, origin, exit id, detail."""
-
-    kind: str
-    origin: str
-    exit_id: str | None
-    detail: str
+    site_gap: float = math.inf  # time since the origin's previous admission, any exit
 
 
 class Limiter:
@@ -233,12 +233,19 @@ class Limiter:
             ol = self.limits.origin(origin)
             budget = TokenBucket(ol.rate, ol.burst) if ol.rate is not None else None
             t = self.tuning
-            # the start rate is a guess, not knowledge: 429s at it blame the pool, as a raise
-            estimate = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate,
-                                    raised_at=self.clock())
-            state = self.origins[origin] = OriginState(origin, budget, estimate,
+            # the start rate is a guess, not knowledge: the scout proves it first
+            pool = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate,
+                                raised_at=self.clock(), proven=False)
+            learner = OriginLearner(pool, t.min_rate, t.max_rate,
+                                    learning_of=partial(self._learning_of, origin),
+                                    site_ceiling=ol.rate)
+            state = self.origins[origin] = OriginState(origin, budget, learner,
                                                        last_used=self.clock())
         return state
+
+    def _learning_of(self, origin: str, exit_id: str) -> PairLearning | None:
+        pair = self.origins[origin].pairs.get(self.pair_key(exit_id))
+        return None if pair is None else pair.learning
 
     def pair_key(self, exit_id: str) -> str:
         """Where an exit's pair state lives: its exit IP when known, else its id (two
@@ -260,7 +267,7 @@ class Limiter:
             else:  # learned: even pacing, no burst the server has not shown it takes
                 own = None
                 bucket = TokenBucket(ostate.estimate.lo, 1, t.margin)
-            pair = ostate.pairs[key] = PairState(bucket, own)
+            pair = ostate.pairs[key] = PairState(bucket, PairLearning(own))
         return pair
 
     def _fixed_estimate(self, rate: float) -> RateEstimate:
@@ -269,18 +276,38 @@ class Limiter:
 
     def pair_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
         """The rate this pair should pace at now."""
-        if pair.own is not None:
-            return pair.own.target()  # its own limit: it probes for itself
-        est = ostate.estimate
-        if ostate.scout == exit_id:
-            return est.target()
-        return est.lo
+        return ostate.learner.pair_rate(exit_id, pair.learning)
 
     def _sync_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
         rate = self.pair_rate(ostate, exit_id, pair) * self.share
-        if rate != pair.bucket.rate:
-            pair.bucket.set_rate(rate)
+        # near a known limit, requests are spaced by what the network does to them too:
+        # paced 1/rate apart, they may reach the server ``spread`` closer than that
+        # (at most 1.5 intervals: past that, the learned rate takes the rest)
+        margin = self.tuning.margin
+        if pair.spread and ostate.learner.near_limit(pair.learning):
+            margin += min(pair.spread, 1.5 / rate)
+        bucket = pair.bucket
+        if rate != bucket.rate or margin != bucket.margin:
+            slower = rate < bucket.rate
+            bucket.set_rate(rate, margin=margin)
+            if slower:  # the next request one new interval after the last, not sooner
+                bucket.arrived(pair.last_admit)
         return rate
+
+    def _sync_budget(self, ostate: OriginState) -> TokenBucket | None:
+        """The origin budget at the lower of the site rate and the 503 budget."""
+        rates = [r for r in (ostate.learner.site_rate(), ostate.overload_rate) if r is not None]
+        if not rates:
+            ostate.budget = None
+            return None
+        rate = min(rates)
+        budget = ostate.budget
+        if budget is None:
+            budget = ostate.budget = TokenBucket(rate, self.limits.origin(ostate.key).burst,
+                                                 self.tuning.margin)
+        elif rate != budget.rate:
+            budget.set_rate(rate)
+        return budget
 
     # -- admission ---------------------------------------------------------
     def _pool(self, only: str | None) -> Iterable[tuple[str, ExitState]]:
@@ -306,8 +333,8 @@ class Limiter:
             if estate.in_flight >= estate.limit:
                 continue
             pair = self._pair(ostate, exit_id)
-            if pair.single_file:
-                continue  # its answer will wake the queue
+            if self._awaits_answer(ostate, exit_id, pair):
+                continue  # an answer will wake the queue
             self._sync_rate(ostate, exit_id, pair)
             ready = pair.ready_at(now)
             if ready > now:
@@ -322,15 +349,22 @@ class Limiter:
         _, estate, pair = best
         return self._take(ostate, estate, pair, now)
 
+    @staticmethod
+    def _awaits_answer(ostate: OriginState, exit_id: str, pair: PairState) -> bool:
+        """One request at a time (new pair, half-open breaker), or discovery holding it."""
+        return pair.single_file or ostate.learner.holds(exit_id, pair.learning,
+                                                        pair.last_admit > -math.inf)
+
     def _take(self, ostate: OriginState, estate: ExitState, pair: PairState,
               now: float) -> Lease | float:
         """The origin token, the pair token and a lease, together; or when the origin's
         budget allows the next request (the pair is ready: the caller checked)."""
-        if ostate.budget is not None:
-            origin_ready = ostate.budget.ready_at(now)
+        budget = self._sync_budget(ostate)
+        if budget is not None:
+            origin_ready = budget.ready_at(now)
             if origin_ready > now:
                 return origin_ready
-            ostate.budget.consume(now)
+            budget.consume(now)
         gap = now - pair.last_admit
         pair.bucket.consume(now)
         return self._grant(ostate, estate, pair, now, gap)
@@ -361,7 +395,7 @@ class Limiter:
                 self._index(ostate, exit_id, estate.health.dead_until, now)
                 continue
             pair = self._pair(ostate, exit_id)
-            if estate.in_flight >= estate.limit or pair.single_file:
+            if estate.in_flight >= estate.limit or self._awaits_answer(ostate, exit_id, pair):
                 estate.waiting.add(ostate.key)  # a release puts it back
                 continue
             self._sync_rate(ostate, exit_id, pair)
@@ -415,7 +449,7 @@ class Limiter:
             if estate.in_flight >= estate.limit:  # a release here wakes the queue
                 continue
             pair = self._pair(ostate, exit_id)
-            if pair.single_file:
+            if self._awaits_answer(ostate, exit_id, pair):
                 continue
             blocked = max(pair.cooldown_until, pair.banned_until)
             if blocked > now:
@@ -455,43 +489,25 @@ class Limiter:
     def _grant(self, ostate: OriginState, estate: ExitState, pair: PairState, now: float,
                gap: float, lease_id: int | None = None) -> Lease:
         exit_id = estate.exit.id
-        if (pair.own is None and ostate.scout is None
-                and ostate.estimate.target() > ostate.estimate.lo):
-            ostate.scout, ostate.scout_since = exit_id, now
-            pair.confirmations, pair.confirmed_rate = 0, math.inf
+        rate = pair.bucket.rate
+        if ostate.learner.granted(exit_id, pair.learning, now):  # the new scout
             self._sync_rate(ostate, exit_id, pair)
         # "paced": sent as soon as the pair's schedule allowed, i.e. demand was there
         paced = gap <= pair.bucket.interval * 1.25 + 0.002
         pair.last_admit = now
-        if not ostate.admissions and not math.isfinite(ostate.first_admission):
-            ostate.first_admission = now
-        ostate.admissions.append(now)
-        while now - ostate.admissions[0] > 2.0:
-            ostate.admissions.popleft()
+        site_gap, ostate.last_admit = now - ostate.last_admit, now
         pair.in_flight += 1
         estate.in_flight += 1
         if lease_id is None:
             lease_id = self.reserve_lease_ids(1)
-        lease = Lease(lease_id, ostate.key, exit_id, now, pair.bucket.rate, paced,
-                      gap, estate.in_flight >= estate.limit, self.pair_key(exit_id))
+        lease = Lease(lease_id, ostate.key, exit_id, now, rate, paced, gap,
+                      estate.in_flight >= estate.limit, self.pair_key(exit_id), site_gap)
         self.leases[lease.id] = lease
         return lease
 
     def _tick_estimate(self, ostate: OriginState, now: float) -> None:
-        """Time-driven parts: ceilings drift, a stuck scout hands its probe on."""
-        elapsed = now - ostate.last_estimate_tick
-        if elapsed < 1.0:
-            return
-        ostate.last_estimate_tick = now
-        if math.isfinite(elapsed):
-            ostate.estimate.drift(elapsed)
-            for pair in ostate.pairs.values():
-                if pair.own is not None:
-                    pair.own.drift(elapsed)
-        if ostate.scout is not None:
-            patience = SCOUT_PATIENCE / max(ostate.estimate.target(), 1e-9)
-            if now - ostate.scout_since > max(patience, 2.0):
-                ostate.scout = None
+        ostate.learner.tick(now, {k: p.learning for k, p in ostate.pairs.items()}
+                            if now - ostate.learner.last_tick >= 1.0 else {})
 
     def usable(self, origin: str, exit_id: str, now: float | None = None) -> bool:
         """Whether this exit could serve this origin now: not dead, pair not banned/broken."""
@@ -579,6 +595,10 @@ class Limiter:
         else:
             drift = pair.min_latency + LATENCY_FORGET * (latency - pair.min_latency)
             pair.min_latency = min(latency, drift)
+        pair.lateness.append(latency - pair.min_latency)
+        if len(pair.lateness) >= WARM_ANSWERS:
+            late = sorted(pair.lateness)
+            pair.spread = late[int(0.9 * (len(late) - 1))]
         # until a few answers show what "fast" is for this path, assume the worst
         pair.bucket.arrived(now - self.arrival_slack(pair))
 
@@ -591,8 +611,6 @@ class Limiter:
         estate = self.exits[lease.exit_id]
         pair.streak_429 = 0
         pair.last_success = now
-        if lease.paced:
-            pair.rate_streak = 0
         if pair.half_open or pair.breaker_opened or pair.bans:
             if pair.half_open:
                 events.append(Event("recovered", lease.origin, lease.exit_id, "probe succeeded"))
@@ -606,39 +624,13 @@ class Limiter:
                 events.append(Event(f"concurrency_{moved}", lease.origin, lease.exit_id,
                                     f"limit {estate.concurrency.limit} (latency {latency:.3f}s, "
                                     f"baseline {estate.concurrency.baseline:.3f}s)"))
-        events.extend(self._confirm(ostate, pair, lease, now))
-        if ostate.budget is not None and now >= ostate.overloaded_until:
-            self._recover_budget(ostate, now)
+        events += ostate.learner.succeeded(
+            lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
+            admitted_at=lease.admitted_at, site_gap=lease.site_gap, now=now,
+            configured=self.limits.pair(lease.origin, lease.exit_id).rate is not None)
+        if ostate.overload_rate is not None and now >= ostate.overloaded_until:
+            self._recover_budget(ostate)
         return events
-
-    def _confirm(self, ostate: OriginState, pair: PairState, lease: Lease,
-                 now: float) -> list[Event]:
-        """Count clean, really paced answers at a probed rate; enough of them confirm it."""
-        own = pair.own is not None
-        est = pair.own if own else ostate.estimate
-        assert est is not None
-        probing = own or ostate.scout == lease.exit_id
-        # what the pair really achieved: its pacing rate, or less when something else
-        # (its concurrency, latency, demand) spaced the requests wider
-        achieved = min(lease.rate, 1.0 / max(lease.gap, 1e-6))
-        if not probing or achieved <= est.lo * (1 + 1e-9) or lease.admitted_at < est.changed_at:
-            return []
-        pair.confirmations += 1
-        pair.confirmed_rate = min(pair.confirmed_rate, achieved)
-        needed = CONFIRMATIONS if est.hi is None else CONFIRMATIONS_NEAR_CEILING
-        if pair.confirmations < needed:
-            return []
-        confirmed, pair.confirmations, pair.confirmed_rate = pair.confirmed_rate, 0, math.inf
-        before = est.lo
-        est.confirmed(confirmed, now)
-        if not own:
-            ostate.scout = None
-        # a pair that learned its own limit rejoins the pool's once it reaches it
-        learned = self.limits.pair(lease.origin, lease.exit_id).rate is None
-        if own and learned and est.lo >= ostate.estimate.lo * (1 - 2 * RESOLUTION):
-            pair.own = None
-        return [Event("rate_up", lease.origin, lease.exit_id if own else None,
-                      f"{before:.3g} -> {est.lo:.3g} r/s")]
 
     def rate_limited(self, origin: str, exit_id: str, retry_after: float,
                      lease: Lease | None = None, now: float | None = None) -> list[Event]:
@@ -657,8 +649,7 @@ class Limiter:
         pair = self.pair_state(origin, exit_id)
         until = now + retry_after * (1.0 + self.rng.uniform(0.0, t.jitter))
         pair.streak_429 += 1
-        pair.rate_streak += 1
-        pair.confirmations, pair.confirmed_rate = 0, math.inf
+        pair.learning.rate_streak += 1
         if pair.half_open or pair.streak_429 >= t.breaker_after:
             pair.breaker_opened += 1
             pair.half_open = True
@@ -671,37 +662,26 @@ class Limiter:
         events.append(Event("cooldown", origin, exit_id, f"{pair.cooldown_until - now:.2f}s"))
         if lease is None:
             return events
-        # the pair's pacing rate when it was sent: the admission gap says little here, as
-        # requests in flight together reach the server closer than they were admitted
-        measured = lease.rate
-        pool = ostate.estimate
-        if pair.own is not None:
-            est = pair.own
-        elif (ostate.scout == exit_id or measured > pool.lo * (1 + 1e-9)
-              or lease.admitted_at < pool.changed_at or self._raise_was_wrong(ostate, exit_id,
-                                                                             now)):
-            # the scout's probe failed, or the pool's rate was raised too far: all pairs
-            # learn it at once (and 429s already in flight count as the same event)
-            est = pool
-            ostate.scout = None
-        else:
-            # the pool's known-clean rate is too fast for this exit: it learns its own
-            est = pair.own = RateEstimate(measured, floor=t.min_rate,
-                                          ceiling=ostate.estimate.ceiling)
-            est.lo = max(est.floor, measured * backoff(pair.rate_streak))
-            est.hi = measured
-            est.changed_at = now
-            events.append(Event("rate_down", origin, exit_id,
-                                f"slower than the pool: {measured:.3g} -> {est.lo:.3g} r/s"))
-            return events
-        if lease.admitted_at < est.changed_at:
-            return events  # same congestion event as an earlier 429
-        before = est.lo
-        est.rejected(measured, now, pair.rate_streak)
-        events.append(Event("rate_down", origin, None if est is ostate.estimate else exit_id,
-                            f"429 at {measured:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
-                            f"ceiling {est.hi:.3g}"))
+        events += ostate.learner.rate_limited(
+            origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
+            site_gap=lease.site_gap, admitted_at=lease.admitted_at, now=now,
+            configured=self.limits.pair(origin, exit_id).rate is not None,
+            pick_scout=partial(self._pick_scout, ostate, now))
         return events
+
+    def _pick_scout(self, ostate: OriginState, now: float, exclude: Sequence[str]
+                    ) -> str | None:
+        """Another exit to probe with: one of the pool's (no limit of its own), usable."""
+        choices = [e for e in self.exits if e not in exclude and self.usable(ostate.key, e, now)
+                   and (p := ostate.pairs.get(self.pair_key(e))) is not None
+                   and p.own is None and p.cooldown_until <= now]
+        if not choices:
+            return None
+        chosen = self.rng.choice(choices)
+        pair = ostate.pairs[self.pair_key(chosen)]
+        pair.learning.confirmations, pair.learning.confirmed_rate = 0, math.inf
+        ostate.learner.scout_since = now
+        return chosen
 
     def announced(self, lease: Lease, rate: float | None, remaining: float | None,
                   reset: float | None) -> list[Event]:
@@ -733,23 +713,6 @@ class Limiter:
                                     f"holding {reset:.2f}s until the quota resets"))
         return events
 
-    def _raise_was_wrong(self, ostate: OriginState, exit_id: str, now: float) -> bool:
-        """Several exits 429 at the pool's rate soon after it went up: the raise is to blame.
-
-        One exit doing so is an exit with a lower limit (it learns its own); a
-        fifth of the pool (at least two) doing so is the pool's rate being wrong.
-        """
-        if now - ostate.estimate.raised_at > RAISE_TRUST:
-            ostate.suspects.clear()
-            return False
-        ostate.suspects.add(exit_id)
-        if len(ostate.suspects) < max(2, math.ceil(0.2 * len(ostate.pairs))):
-            return False
-        for suspect in ostate.suspects:  # they were not slower: back to the pool's rate
-            self.pair_state(ostate.key, suspect).own = None
-        ostate.suspects.clear()
-        return True
-
     def banned(self, lease: Lease) -> list[Event]:
         """A 403/block page: this exit is banned by this origin (not everywhere)."""
         now = self.clock()
@@ -775,33 +738,29 @@ class Limiter:
         if lease.admitted_at <= ostate.overload_at:
             return []
         ostate.overload_at = now
-        new_rate = max(self._admitted_rate(ostate, now) * t.overload_backoff, t.min_rate)
-        if ostate.budget is None:
-            ostate.budget = TokenBucket(new_rate, 1, t.margin)
-        else:
-            ostate.budget.set_rate(max(ostate.budget.rate * t.overload_backoff, t.min_rate))
+        admitted = ostate.learner.admitted_rate(now)
+        current = ostate.budget.rate if ostate.budget is not None else math.inf
+        ostate.overload_rate = max(min(admitted, current) * t.overload_backoff, t.min_rate)
+        budget = self._sync_budget(ostate)
+        assert budget is not None
         hold = retry_after if retry_after is not None else 1.0
         ostate.overloaded_until = now + max(hold, 1.0) * 2
-        ostate.budget.hold_until(now + max(hold, 0.0))
+        budget.hold_until(now + max(hold, 0.0))
         return [Event("origin_slowed", lease.origin, None,
-                      f"origin budget {ostate.budget.rate:.3g} r/s, paused {hold:.1f}s")]
+                      f"origin budget {budget.rate:.3g} r/s, paused {hold:.1f}s")]
 
-    @staticmethod
-    def _admitted_rate(ostate: OriginState, now: float) -> float:
-        """Requests/s admitted for the origin over the last second (or since it started)."""
-        recent = [at for at in ostate.admissions if now - at <= 1.0]
-        if not recent:
-            return 0.0
-        return len(recent) / max(now - ostate.first_admission, 0.1, min(1.0, now - recent[0]))
-
-    def _recover_budget(self, ostate: OriginState, now: float) -> None:
-        """A learned origin budget grows back about +1 r/s per second while clean (2 % per
-        answer when fast), up to the configured origin rate or the pool's top rate."""
-        ol = self.limits.origin(ostate.key)
-        budget = ostate.budget
-        assert budget is not None
-        top = ol.rate if ol.rate is not None else self.tuning.max_rate * len(self.exits)
-        budget.set_rate(min(budget.rate + max(0.02 * budget.rate, 1.0 / budget.rate), top))
+    def _recover_budget(self, ostate: OriginState) -> None:
+        """The 503 budget grows back about +1 r/s per second while clean (2 % per answer
+        when fast); once above every other limit it is gone."""
+        rate = ostate.overload_rate
+        assert rate is not None
+        rate += max(0.02 * rate, 1.0 / rate)
+        top = ostate.learner.site_rate()
+        if rate >= (top if top is not None else self.tuning.max_rate * len(self.exits)):
+            ostate.overload_rate = None
+        else:
+            ostate.overload_rate = rate
+        self._sync_budget(ostate)
 
     def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
                     timeout: bool = False) -> list[Event]:
@@ -855,10 +814,9 @@ class Limiter:
     def learning_mark(self, origin: str) -> tuple:
         """Changes whenever what the origin's pairs learned changes (not on ceiling drift)."""
         ostate = self.origin_state(origin)
-        est = ostate.estimate
         owns = tuple((eid, p.own.lo, p.own.changed_at) for eid, p in ostate.pairs.items()
                      if p.own is not None)
-        return (est.lo, est.changed_at, ostate.scout, ostate.overload_at, owns)
+        return (ostate.learner.mark(), ostate.overload_at, owns)
 
     def export_learning(self, origin: str) -> dict[str, Any]:
         """What this origin's pairs learned, as plain data (times on this limiter's clock)."""
@@ -866,35 +824,23 @@ class Limiter:
         owns = {}
         for exit_id, pair in ostate.pairs.items():
             if pair.own is not None and not self._pristine(origin, exit_id, pair.own):
-                owns[exit_id] = _estimate_data(pair.own)
+                owns[exit_id] = estimate_data(pair.own)
         return {
-            "estimate": _estimate_data(ostate.estimate),
-            "scout": ostate.scout,
-            "scout_since": ostate.scout_since,
-            "budget": ostate.budget.rate if ostate.budget is not None else None,
+            **ostate.learner.export(),
+            "overload_rate": ostate.overload_rate,
             "overloaded_until": ostate.overloaded_until,
             "overload_at": ostate.overload_at,
-            "suspects": sorted(ostate.suspects),
             "own": owns,
         }
 
     def import_learning(self, origin: str, data: Mapping[str, Any]) -> None:
         """Adopt what another process published for this origin."""
         ostate = self.origin_state(origin)
-        _load_estimate(ostate.estimate, data["estimate"])
-        ostate.scout = data["scout"]
-        ostate.scout_since = data["scout_since"]
+        ostate.learner.load(data, lambda exit_id: exit_id in self.exits)
         ostate.overloaded_until = data["overloaded_until"]
         ostate.overload_at = data["overload_at"]
-        ostate.suspects = {s for s in data["suspects"] if s in self.exits}
-        budget = data["budget"]
-        if budget is None:
-            ol = self.limits.origin(origin)
-            ostate.budget = TokenBucket(ol.rate, ol.burst) if ol.rate is not None else None
-        elif ostate.budget is None:
-            ostate.budget = TokenBucket(budget, 1, self.tuning.margin)
-        else:
-            ostate.budget.set_rate(budget)
+        ostate.overload_rate = data["overload_rate"]
+        self._sync_budget(ostate)
         owns = data["own"]
         for exit_id in set(owns) | set(ostate.pairs):
             if exit_id not in self.exits and exit_id not in ostate.pairs:
@@ -903,7 +849,7 @@ class Limiter:
             if exit_id in owns:
                 if pair.own is None:
                     pair.own = RateEstimate(1.0)
-                _load_estimate(pair.own, owns[exit_id])
+                load_estimate(pair.own, owns[exit_id])
             else:
                 pl = self.limits.pair(origin, exit_id)
                 pair.own = self._fixed_estimate(pl.rate) if pl.rate is not None else None
@@ -942,15 +888,3 @@ class Limiter:
     def __repr__(self) -> str:
         busy = sum(e.in_flight for e in self.exits.values())
         return f"<Limiter exits={len(self.exits)} origins={len(self.origins)} in_flight={busy}>"
-
-
-_ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "raised_at")
-
-
-def _estimate_data(est: RateEstimate) -> dict[str, Any]:
-    return {name: getattr(est, name) for name in _ESTIMATE_FIELDS}
-
-
-def _load_estimate(est: RateEstimate, data: Mapping[str, Any]) -> None:
-    for name in _ESTIMATE_FIELDS:
-        setattr(est, name, data[name])

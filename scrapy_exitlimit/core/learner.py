@@ -1,0 +1,441 @@
+"""One origin's learned limits: which key a 429 points at, and how fast each key may go.
+
+A server limits a key: the client IP (the (origin, exit) pair) or the site as a
+whole. The learner reads which from the answers, then learns that key's rate
+with a :class:`RateEstimate`:
+
+1. **Discovery.** The start rate is a guess. One scout exit proves it; the
+   other exits send one request each and wait for the verdict, so a start rate
+   above the limit draws one 429, not one per exit.
+2. **The pool's per-IP rate** (``pool``): one scout at a time probes above what
+   is clean (slow start, then bisection); the others pace at ``lo``.
+3. **A lone exit is not the pool.** Before any ceiling is known, a scout's 429
+   is first that exit's own limit; it becomes the pool's once a second exit
+   hits it too. An exit that 429s at a pace it never ran clean is slower than
+   the pool: it learns its own rate (``PairLearning.own``) and drags no one.
+4. **The site.** A 429 at a pace the pair has run clean before (or on its
+   first request) is not the pair's limit. When such 429s come from two or more
+   exits within ``SITE_WINDOW``, the origin is limited as a whole: the ``site``
+   estimate starts at the rate the origin actually accepted, the origin's
+   budget paces requests across exits by it, and the pairs keep their rates.
+5. **Limits move.** Ceilings drift up while clean (RateEstimate); both scopes
+   re-probe, so a raised limit is found and a tightened one is met by 429s.
+
+One decrease per congestion event, per scope: 429s to requests admitted
+before the estimate last changed teach nothing more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import Event
+from .learning import RESOLUTION, RateEstimate, backoff
+
+#: clean answers at a probed rate, with the pair really pacing, that confirm it:
+#: one in slow start (far from any ceiling), more when bisecting near one
+CONFIRMATIONS = 1
+CONFIRMATIONS_NEAR_CEILING = 3
+#: clean answers in a row at a pace that make it one the pair is known to take
+TRUST_AFTER = 3
+#: the site is blamed when 429s at trusted paces come from two exits this close
+SITE_WINDOW = 1.0
+#: ... or from a third of the exits in use
+SITE_SHARE = 0.34
+#: an exit alone that 429s twice within this many seconds is slower than the pool
+STRIKE_WINDOW = 3.0
+#: clean answers with the origin budget really pacing that confirm a site rate
+SITE_CONFIRMATIONS = 4
+#: a 429 at the pool's rate this soon after it was raised blames the raise, not the exit
+RAISE_TRUST = 10.0
+#: a scout that has not settled its probe in this many intervals hands it on
+SCOUT_PATIENCE = 20
+
+
+@dataclass
+class PairLearning:
+    """What the answers taught about one pair."""
+
+    #: the pair's own limit: configured, announced, or learned because it proved
+    #: slower than the pool
+    own: RateEstimate | None = None
+    confirmations: int = 0
+    confirmed_rate: float = math.inf  # the lowest achieved rate in the current streak
+    #: 429s since the last paced success (a success right after a cooldown proves
+    #: nothing about the rate): how hard the next decrease is
+    rate_streak: int = 0
+    clean_streak: int = 0
+    clean_low: float = math.inf  # the lowest achieved rate in the clean streak
+    #: the fastest pace this pair has taken TRUST_AFTER times in a row
+    trusted: float = 0.0
+    strike: float = -math.inf  # its last 429 that pointed at no one else
+
+
+@dataclass
+class OriginLearner:
+    pool: RateEstimate
+    min_rate: float
+    max_rate: float
+    #: an exit's pair learning, when the pair exists
+    learning_of: Callable[[str], PairLearning | None]
+    #: the site's rate once 429s point at the origin as a whole (or a configured one)
+    site: RateEstimate | None = None
+    #: a configured EXITLIMIT_ORIGIN_RATE: the site rate never goes above it
+    site_ceiling: float | None = None
+    scout: str | None = None
+    scout_since: float = -math.inf
+    #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
+    suspect: str | None = None
+    suspect_rate: float = math.inf
+    #: exits that 429'd at the pool's rate since it last went up
+    raise_suspects: set[str] = field(default_factory=set)
+    #: recent 429s at paces the pairs had run clean: (time, exit)
+    site_blame: deque[tuple[float, str]] = field(default_factory=deque)
+    #: answers over the last two seconds: (time, clean), the rate the site takes
+    answers: deque[tuple[float, bool]] = field(default_factory=deque)
+    #: admissions over the last two seconds: (time, exit), the origin's actual rate
+    admissions: deque[tuple[float, str]] = field(default_factory=deque)
+    first_admission: float = math.inf
+    site_confirmations: int = 0
+    site_confirmed_rate: float = math.inf
+    last_tick: float = -math.inf
+
+    # -- what to pace at -----------------------------------------------------
+    def pair_rate(self, exit_id: str, pl: PairLearning) -> float:
+        if pl.own is not None:
+            return pl.own.target()  # its own limit: it probes for itself
+        if self.scout == exit_id:
+            return self.pool.target()
+        return self.pool.lo
+
+    def holds(self, exit_id: str, pl: PairLearning, sent_before: bool) -> bool:
+        """Discovery: while the start rate is unproven, only the scout sends twice."""
+        return (not self.pool.proven and sent_before and pl.own is None
+                and self.scout is not None and self.scout != exit_id)
+
+    def site_rate(self) -> float | None:
+        if self.site is None:
+            return self.site_ceiling
+        return self.site.target()
+
+    def near_limit(self, pl: PairLearning) -> bool:
+        """Whether a limit is known close by: then pacing allows for arrival jitter."""
+        est = pl.own if pl.own is not None else self.pool
+        return est.hi is not None or est.ceiling < math.inf
+
+    # -- admission -------------------------------------------------------------
+    def granted(self, exit_id: str, pl: PairLearning, now: float) -> bool:
+        """An admission on ``exit_id``; True when it made the exit the scout."""
+        if not self.admissions and self.first_admission == math.inf:
+            self.first_admission = now
+        self.admissions.append((now, exit_id))
+        while now - self.admissions[0][0] > 2.0:
+            self.admissions.popleft()
+        if pl.own is None and self.scout is None and (
+                self.pool.target() > self.pool.lo or not self.pool.proven):
+            self.scout, self.scout_since = exit_id, now
+            pl.confirmations, pl.confirmed_rate = 0, math.inf
+            return True
+        return False
+
+    def admitted_rate(self, now: float, window: float = 1.0) -> float:
+        """Requests/s admitted for the origin over the last ``window`` seconds (over
+        less when its first admission is more recent, but at least 0.1 s)."""
+        return self._per_second(sum(1 for at, _ in self.admissions if now - at <= window),
+                                now, window)
+
+    def accepted_rate(self, now: float, window: float = 1.0) -> float:
+        """Clean answers/s over the last ``window`` seconds: what the site takes."""
+        return self._per_second(sum(1 for at, ok in self.answers if ok and now - at <= window),
+                                now, window)
+
+    def _per_second(self, count: int, now: float, window: float) -> float:
+        span = window if self.first_admission <= now - window else now - self.first_admission
+        return count / max(span, 0.1)
+
+    def active_exits(self, now: float) -> int:
+        """Exits admitted for the origin over the last two seconds."""
+        return len({exit_id for _, exit_id in self.admissions})
+
+    def tick(self, now: float, pairs: Mapping[str, PairLearning]) -> None:
+        """Time-driven parts: ceilings drift, a stuck scout hands its probe on."""
+        elapsed = now - self.last_tick
+        if elapsed < 1.0:
+            return
+        self.last_tick = now
+        if math.isfinite(elapsed):
+            self.pool.drift(elapsed)
+            if self.site is not None:
+                self.site.drift(elapsed)
+            for pl in pairs.values():
+                if pl.own is not None:
+                    pl.own.drift(elapsed)
+        if self.scout is not None:
+            patience = SCOUT_PATIENCE / max(self.pool.target(), 1e-9)
+            if now - self.scout_since > max(patience, 2.0):
+                self.scout = None
+
+    # -- feedback ----------------------------------------------------------------
+    def _answered(self, now: float, clean: bool) -> None:
+        answers = self.answers
+        answers.append((now, clean))
+        while now - answers[0][0] > 2.0:
+            answers.popleft()
+
+    def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
+                  gap: float, admitted_at: float, site_gap: float, now: float,
+                  configured: bool) -> list[Event]:
+        """A clean answer to a request admitted at pair pace ``rate``, ``gap`` after the
+        pair's previous one (``site_gap`` after the origin's previous one)."""
+        self._answered(now, True)
+        # what the pair really achieved: its pacing rate, or less when something else
+        # (its concurrency, latency, demand, the site budget) spaced the requests wider
+        achieved = min(rate, 1.0 / max(gap, 1e-6))
+        paced = achieved >= rate * 0.8
+        if paced:
+            pl.rate_streak = 0
+            pl.clean_streak += 1
+            pl.clean_low = min(pl.clean_low, achieved)
+            if pl.clean_streak >= TRUST_AFTER:
+                pl.trusted = max(pl.trusted, pl.clean_low)
+        events = self._confirm_pair(origin, exit_id, pl, achieved, admitted_at, now,
+                                    configured)
+        if self.site is not None:  # the site's pace: confirmed when the budget set it
+            site_rate = self.site.target()
+            site_achieved = min(site_rate, 1.0 / max(site_gap, 1e-6))
+            if site_achieved >= site_rate * 0.8:
+                events += self._confirm_site(origin, site_achieved, admitted_at, now)
+        return events
+
+    def _confirm_pair(self, origin: str, exit_id: str, pl: PairLearning, achieved: float,
+                      admitted_at: float, now: float, configured: bool) -> list[Event]:
+        own = pl.own is not None
+        est = pl.own if own else self.pool
+        assert est is not None
+        probing = own or self.scout == exit_id
+        # proving a start rate: paced at it (the safety margin spaces a little wider);
+        # probing above: faster than what is known clean
+        if est.proven:
+            counts = achieved > est.lo * (1 + 1e-9)
+        else:
+            counts = achieved >= est.lo * 0.9
+        if not probing or not counts or admitted_at < est.changed_at:
+            return []
+        pl.confirmations += 1
+        pl.confirmed_rate = min(pl.confirmed_rate, achieved)
+        needed = CONFIRMATIONS if est.hi is None else CONFIRMATIONS_NEAR_CEILING
+        if pl.confirmations < needed:
+            return []
+        confirmed, pl.confirmations, pl.confirmed_rate = pl.confirmed_rate, 0, math.inf
+        before = est.lo
+        est.confirmed(confirmed, now)
+        if not own:
+            self.scout = None
+            if self.suspect is not None and est.lo >= self.suspect_rate:
+                self.suspect = None  # the lone 429 was the suspect's own limit
+        # a pair that learned its own limit rejoins the pool's once it reaches it
+        if own and not configured and est.lo >= self.pool.lo * (1 - 2 * RESOLUTION) \
+                and self.pool.proven:
+            pl.own = None
+        return [Event("rate_up", origin, exit_id if own else None,
+                      f"{before:.3g} -> {est.lo:.3g} r/s")]
+
+    def _confirm_site(self, origin: str, achieved: float, admitted_at: float,
+                      now: float) -> list[Event]:
+        site = self.site
+        if site is None or site.converged or admitted_at < site.changed_at:
+            return []
+        if achieved <= site.lo * (1 + 1e-9):
+            return []
+        self.site_confirmations += 1
+        self.site_confirmed_rate = min(self.site_confirmed_rate, achieved)
+        if self.site_confirmations < SITE_CONFIRMATIONS:
+            return []
+        confirmed = self.site_confirmed_rate
+        self.site_confirmations, self.site_confirmed_rate = 0, math.inf
+        before = site.lo
+        site.confirmed(confirmed, now)
+        if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
+            self.site = None  # no site limit left to respect
+            return [Event("site_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
+        return [Event("site_rate_up", origin, None, f"{before:.3g} -> {site.lo:.3g} r/s")]
+
+    def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
+                     gap: float, site_gap: float, admitted_at: float, now: float,
+                     configured: bool, pick_scout: Callable[[Sequence[str]], str | None]) -> list[Event]:
+        """A 429 to a request admitted at pair pace ``rate``, ``gap`` after the pair's
+        previous one: decide which scope it points at, and learn there."""
+        self._answered(now, False)
+        pl.confirmations, pl.confirmed_rate = 0, math.inf
+        pl.clean_streak, pl.clean_low = 0, math.inf
+        # the pace this request came at; a first request (no gap) came at none
+        pace = 1.0 / gap if gap > 0 else 0.0
+        trusted = pace <= pl.trusted * (1 + RESOLUTION)
+        # what the 429 says: the limit is under the pace it was paced at (or faster)
+        rate = max(rate, pace)
+        pool = self.pool
+        if self.scout == exit_id and not trusted and (rate > pool.lo * (1 + 1e-9)
+                                                      or not pool.proven):
+            return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout)
+        # 429s on many exits at once, or on exits at paces they took before: the site
+        window = max(SITE_WINDOW, 2.0 / pool.lo)
+        blame = self.site_blame
+        blame.append((now, exit_id))
+        while now - blame[0][0] > window:
+            blame.popleft()
+        spread = len({e for _, e in blame})
+        if spread >= max(2, math.ceil(SITE_SHARE * self.active_exits(now))) or (
+                trusted and spread >= 2):
+            return self._site_limited(origin, spread, site_gap, admitted_at, now)
+        if trusted:
+            return []  # one exit at a pace it took before: noise, until another agrees
+        pl.trusted = 0.0
+        if pl.own is not None:
+            return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now)
+        if admitted_at < pool.changed_at:
+            return []  # the pool's rate changed since: this 429 is old news
+        if self._raise_was_wrong(exit_id, now):
+            return self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
+        if now - pl.strike > STRIKE_WINDOW:
+            pl.strike = now  # once may be the site's: twice alone is this exit's
+            return []
+        # the pool's known-clean rate is too fast for this exit: it learns its own
+        own = pl.own = RateEstimate(rate, floor=self.min_rate, ceiling=pool.ceiling)
+        own.lo = max(own.floor, rate * backoff(pl.rate_streak))
+        own.hi = own.seen = rate
+        own.changed_at = now
+        return [Event("rate_down", origin, exit_id,
+                      f"slower than the pool: {rate:.3g} -> {own.lo:.3g} r/s")]
+
+    def _probe_failed(self, origin: str, exit_id: str, pl: PairLearning, rate: float,
+                      admitted_at: float, now: float,
+                      pick_scout: Callable[[Sequence[str]], str | None]) -> list[Event]:
+        """The scout's probe drew a 429: the pool's ceiling, once two exits agree."""
+        pool = self.pool
+        self.scout = None
+        if pool.hi is None and self.active_exits(now) > 1:
+            if self.suspect is None or self.suspect == exit_id:
+                # one exit's 429 is not yet the pool's ceiling: another exit checks it
+                self.suspect, self.suspect_rate = exit_id, rate
+                pl.own = RateEstimate(pool.lo, floor=self.min_rate, ceiling=pool.ceiling,
+                                      proven=pool.proven)
+                pl.own.rejected(rate, now, pl.rate_streak)
+                self.scout = pick_scout([exit_id])
+                return [Event("rate_down", origin, exit_id,
+                              f"429 at {rate:.3g} r/s: this exit's own, until another "
+                              "exit agrees")]
+            # a second exit agrees: it was the pool's ceiling after all
+            suspect = self.learning_of(self.suspect)
+            if suspect is not None:
+                suspect.own = None
+            rate = min(rate, self.suspect_rate)
+            self.suspect = None
+        if not pool.proven:
+            self.scout = pick_scout([exit_id])
+        return self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
+
+    def _lower(self, origin: str, exit_id: str | None, est: RateEstimate, rate: float,
+               streak: int, admitted_at: float, now: float) -> list[Event]:
+        if admitted_at < est.changed_at:
+            return []  # same congestion event as an earlier 429
+        before = est.lo
+        est.rejected(rate, now, streak)
+        return [Event("rate_down", origin, exit_id,
+                      f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
+                      f"ceiling {est.hi:.3g}")]
+
+    def _site_limited(self, origin: str, spread: int, site_gap: float, admitted_at: float,
+                      now: float) -> list[Event]:
+        """The origin is limited as a whole: the site rate starts (or goes) where the
+        site actually took requests, once per congestion event."""
+        site = self.site
+        offered = self.admitted_rate(now)
+        accepted = self.accepted_rate(now)
+        if site is None:
+            top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
+            site = self.site = RateEstimate(max(accepted, self.min_rate), floor=self.min_rate,
+                                            ceiling=top)
+            site.hi = site.seen = max(offered, site.lo)
+            site.changed_at = now
+            self.site_confirmations, self.site_confirmed_rate = 0, math.inf
+            return [Event("site_limited", origin, None,
+                          f"429s on {spread} exits: the site takes {site.lo:.3g} r/s "
+                          f"of {offered:.3g}")]
+        if admitted_at < site.changed_at:
+            return []
+        self.site_confirmations, self.site_confirmed_rate = 0, math.inf
+        before = site.lo
+        # a strict site counts the spacing of arrivals: the budget's pace, or closer
+        target = site.target()
+        site.rejected(min(target, 1.0 / site_gap) if site_gap > 0 else target, now)
+        if offered >= 0.9 * target and accepted < site.lo:
+            # the site took less than the budget sent: the limit moved down, meet it there
+            site.lo = max(accepted, site.lo * 0.5, site.floor)
+        return [Event("site_rate_down", origin, None,
+                      f"{before:.3g} -> {site.lo:.3g} r/s, ceiling {site.hi:.3g}")]
+
+    def _raise_was_wrong(self, exit_id: str, now: float) -> bool:
+        """Many exits 429 at the pool's rate soon after it went up: the raise is to blame.
+
+        One exit (or a few) doing so are exits with a lower limit (they learn their
+        own); a third of the pool (at least two) doing so is the pool's rate being wrong.
+        """
+        if now - self.pool.raised_at > RAISE_TRUST:
+            self.raise_suspects.clear()
+            return False
+        self.raise_suspects.add(exit_id)
+        if len(self.raise_suspects) < max(2, math.ceil(SITE_SHARE * self.active_exits(now))):
+            return False
+        self.raise_suspects.clear()
+        return True
+
+    # -- sharing -------------------------------------------------------------------
+    def mark(self) -> tuple:
+        site = self.site
+        return (self.pool.lo, self.pool.changed_at, self.pool.proven, self.scout,
+                None if site is None else (site.lo, site.changed_at))
+
+    def export(self) -> dict[str, Any]:
+        return {
+            "estimate": estimate_data(self.pool),
+            "site": None if self.site is None else estimate_data(self.site),
+            "scout": self.scout,
+            "scout_since": self.scout_since,
+            "suspect": self.suspect,
+            "suspect_rate": self.suspect_rate if math.isfinite(self.suspect_rate) else None,
+            "suspects": sorted(self.raise_suspects),
+        }
+
+    def load(self, data: Mapping[str, Any], known_exits: Callable[[str], bool]) -> None:
+        load_estimate(self.pool, data["estimate"])
+        site = data.get("site")
+        if site is None:
+            self.site = None
+        else:
+            if self.site is None:
+                self.site = RateEstimate(1.0)
+            load_estimate(self.site, site)
+        self.scout = data["scout"]
+        self.scout_since = data["scout_since"]
+        self.suspect = data.get("suspect")
+        rate = data.get("suspect_rate")
+        self.suspect_rate = math.inf if rate is None else rate
+        self.raise_suspects = {s for s in data["suspects"] if known_exits(s)}
+
+
+_ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "raised_at", "proven",
+                    "seen", "drift_rate")
+
+
+def estimate_data(est: RateEstimate) -> dict[str, Any]:
+    return {name: getattr(est, name) for name in _ESTIMATE_FIELDS}
+
+
+def load_estimate(est: RateEstimate, data: Mapping[str, Any]) -> None:
+    for name in _ESTIMATE_FIELDS:
+        if name in data:
+            setattr(est, name, data[name])
