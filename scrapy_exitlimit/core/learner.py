@@ -40,18 +40,23 @@ from .learning import RESOLUTION, RateEstimate, backoff
 #: one in slow start (far from any ceiling), more when bisecting near one
 CONFIRMATIONS = 1
 CONFIRMATIONS_NEAR_CEILING = 3
-#: clean answers in a row at a pace that make it one the pair is known to take
-TRUST_AFTER = 3
+#: a 429 this much closer after the last clean request than any clean one came is the
+#: pair's own limit; between that and as late as a clean one, the site's
+CLEARLY_CLOSER = 0.9
+#: clean gaps a pair remembers (for RECENT seconds): a 429 at a wider gap than one
+#: of them cannot be the pair's own limit
+CLEAN_GAPS = 8
+RECENT = 10.0
 #: the site is blamed when 429s at trusted paces come from two exits this close
 SITE_WINDOW = 1.0
 #: ... or from a third of the exits in use
 SITE_SHARE = 0.34
+#: answers since the site's rate last changed that tell what share it takes
+MIN_SHARE_ANSWERS = 5
 #: an exit alone that 429s twice within this many seconds is slower than the pool
 STRIKE_WINDOW = 3.0
 #: clean answers with the origin budget really pacing that confirm a site rate
 SITE_CONFIRMATIONS = 4
-#: a 429 at the pool's rate this soon after it was raised blames the raise, not the exit
-RAISE_TRUST = 10.0
 #: a scout that has not settled its probe in this many intervals hands it on
 SCOUT_PATIENCE = 20
 
@@ -68,10 +73,12 @@ class PairLearning:
     #: 429s since the last paced success (a success right after a cooldown proves
     #: nothing about the rate): how hard the next decrease is
     rate_streak: int = 0
-    clean_streak: int = 0
-    clean_low: float = math.inf  # the lowest achieved rate in the clean streak
-    #: the fastest pace this pair has taken TRUST_AFTER times in a row
-    trusted: float = 0.0
+    #: when the pair's latest clean request was admitted: a per-IP limit counts the
+    #: spacing from the last request it accepted, so that is the gap that matters
+    last_clean: float = -math.inf
+    #: recent (time, gap since the previous clean request) of clean answers
+    clean_gaps: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=CLEAN_GAPS))
     strike: float = -math.inf  # its last 429 that pointed at no one else
 
 
@@ -91,17 +98,17 @@ class OriginLearner:
     #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
     suspect: str | None = None
     suspect_rate: float = math.inf
-    #: exits that 429'd at the pool's rate since it last went up
-    raise_suspects: set[str] = field(default_factory=set)
-    #: recent 429s at paces the pairs had run clean: (time, exit)
+    #: recent 429s that point at the site (its spacing, not the pair's): (time, exit)
     site_blame: deque[tuple[float, str]] = field(default_factory=deque)
-    #: answers over the last two seconds: (time, clean), the rate the site takes
-    answers: deque[tuple[float, bool]] = field(default_factory=deque)
+    #: recent 429s at the pool's pace that the pairs' spacing explains: (time, exit)
+    pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
+    #: answers over the last two seconds: (time, admitted at, clean)
+    answers: deque[tuple[float, float, bool]] = field(default_factory=deque)
     #: admissions over the last two seconds: (time, exit), the origin's actual rate
     admissions: deque[tuple[float, str]] = field(default_factory=deque)
     first_admission: float = math.inf
     site_confirmations: int = 0
-    site_confirmed_rate: float = math.inf
+    site_gaps: float = 0.0  # the summed origin gaps of those confirmations
     last_tick: float = -math.inf
 
     # -- what to pace at -----------------------------------------------------
@@ -150,8 +157,14 @@ class OriginLearner:
 
     def accepted_rate(self, now: float, window: float = 1.0) -> float:
         """Clean answers/s over the last ``window`` seconds: what the site takes."""
-        return self._per_second(sum(1 for at, ok in self.answers if ok and now - at <= window),
+        return self._per_second(sum(1 for at, _, ok in self.answers if ok and now - at <= window),
                                 now, window)
+
+    def clean_share(self, since: float) -> float | None:
+        """The share of clean answers to requests admitted since ``since`` (None: too
+        few answers to tell)."""
+        recent = [ok for _, admitted, ok in self.answers if admitted >= since]
+        return sum(recent) / len(recent) if len(recent) >= MIN_SHARE_ANSWERS else None
 
     def _per_second(self, count: int, now: float, window: float) -> float:
         span = window if self.first_admission <= now - window else now - self.first_admission
@@ -180,9 +193,9 @@ class OriginLearner:
                 self.scout = None
 
     # -- feedback ----------------------------------------------------------------
-    def _answered(self, now: float, clean: bool) -> None:
+    def _answered(self, now: float, admitted_at: float, clean: bool) -> None:
         answers = self.answers
-        answers.append((now, clean))
+        answers.append((now, admitted_at, clean))
         while now - answers[0][0] > 2.0:
             answers.popleft()
 
@@ -191,24 +204,19 @@ class OriginLearner:
                   configured: bool) -> list[Event]:
         """A clean answer to a request admitted at pair pace ``rate``, ``gap`` after the
         pair's previous one (``site_gap`` after the origin's previous one)."""
-        self._answered(now, True)
+        self._answered(now, admitted_at, True)
         # what the pair really achieved: its pacing rate, or less when something else
         # (its concurrency, latency, demand, the site budget) spaced the requests wider
         achieved = min(rate, 1.0 / max(gap, 1e-6))
-        paced = achieved >= rate * 0.8
-        if paced:
+        if achieved >= rate * 0.8:  # paced: the rate itself ran clean
             pl.rate_streak = 0
-            pl.clean_streak += 1
-            pl.clean_low = min(pl.clean_low, achieved)
-            if pl.clean_streak >= TRUST_AFTER:
-                pl.trusted = max(pl.trusted, pl.clean_low)
+        if admitted_at > pl.last_clean:
+            pl.clean_gaps.append((now, admitted_at - pl.last_clean))
+            pl.last_clean = admitted_at
         events = self._confirm_pair(origin, exit_id, pl, achieved, admitted_at, now,
                                     configured)
-        if self.site is not None:  # the site's pace: confirmed when the budget set it
-            site_rate = self.site.target()
-            site_achieved = min(site_rate, 1.0 / max(site_gap, 1e-6))
-            if site_achieved >= site_rate * 0.8:
-                events += self._confirm_site(origin, site_achieved, admitted_at, now)
+        if self.site is not None:
+            events += self._confirm_site(origin, site_gap, admitted_at, now)
         return events
 
     def _confirm_pair(self, origin: str, exit_id: str, pl: PairLearning, achieved: float,
@@ -234,7 +242,10 @@ class OriginLearner:
         before = est.lo
         est.confirmed(confirmed, now)
         if not own:
-            self.scout = None
+            if est.hi is not None:  # bisecting: another exit takes the next probe
+                self.scout = None
+            else:  # slow start: the scout goes on, its pace already up to speed
+                pl.confirmations, pl.confirmed_rate = 0, math.inf
             if self.suspect is not None and est.lo >= self.suspect_rate:
                 self.suspect = None  # the lone 429 was the suspect's own limit
         # a pair that learned its own limit rejoins the pool's once it reaches it
@@ -244,21 +255,24 @@ class OriginLearner:
         return [Event("rate_up", origin, exit_id if own else None,
                       f"{before:.3g} -> {est.lo:.3g} r/s")]
 
-    def _confirm_site(self, origin: str, achieved: float, admitted_at: float,
+    def _confirm_site(self, origin: str, site_gap: float, admitted_at: float,
                       now: float) -> list[Event]:
+        """Clean answers while the budget paced the origin at the site's probe rate:
+        SITE_CONFIRMATIONS of them, sent at 90 % of that pace or more, confirm it."""
         site = self.site
         if site is None or site.converged or admitted_at < site.changed_at:
             return []
-        if achieved <= site.lo * (1 + 1e-9):
-            return []
         self.site_confirmations += 1
-        self.site_confirmed_rate = min(self.site_confirmed_rate, achieved)
+        self.site_gaps += site_gap
         if self.site_confirmations < SITE_CONFIRMATIONS:
             return []
-        confirmed = self.site_confirmed_rate
-        self.site_confirmations, self.site_confirmed_rate = 0, math.inf
+        pace = self.site_confirmations / self.site_gaps
+        self.site_confirmations, self.site_gaps = 0, 0.0
+        target = site.target()
+        if pace < 0.9 * target:
+            return []  # demand, not the budget, set the pace: nothing learned
         before = site.lo
-        site.confirmed(confirmed, now)
+        site.confirmed(target, now)
         if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
             self.site = None  # no site limit left to respect
             return [Event("site_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
@@ -266,39 +280,40 @@ class OriginLearner:
 
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                      gap: float, site_gap: float, admitted_at: float, now: float,
-                     configured: bool, pick_scout: Callable[[Sequence[str]], str | None]) -> list[Event]:
+                     slack: float, configured: bool,
+                     pick_scout: Callable[[Sequence[str]], str | None]) -> list[Event]:
         """A 429 to a request admitted at pair pace ``rate``, ``gap`` after the pair's
-        previous one: decide which scope it points at, and learn there."""
-        self._answered(now, False)
+        previous one: decide which scope it points at, and learn there.
+
+        A per-IP limit (a GCRA) accepts a request when it comes far enough after the
+        last one it accepted: its 429s come closer after the pair's last clean request
+        than any clean one did. A 429 that came as late as a clean request did (give
+        or take ``slack``, the arrival jitter), or on a first request, is not the
+        pair's limit: it points at the site.
+        """
+        self._answered(now, admitted_at, False)
         pl.confirmations, pl.confirmed_rate = 0, math.inf
-        pl.clean_streak, pl.clean_low = 0, math.inf
-        # the pace this request came at; a first request (no gap) came at none
-        pace = 1.0 / gap if gap > 0 else 0.0
-        trusted = pace <= pl.trusted * (1 + RESOLUTION)
+        clean_gap = admitted_at - pl.last_clean
+        recent = [g for at, g in pl.clean_gaps if now - at <= RECENT]
+        fastest = min(recent, default=math.inf)
+        closer = clean_gap < fastest * CLEARLY_CLOSER - slack
+        wider = clean_gap > fastest * (1 + RESOLUTION / 2) + slack
         # what the 429 says: the limit is under the pace it was paced at (or faster)
-        rate = max(rate, pace)
+        pace = 1.0 / clean_gap if clean_gap > 0 else math.inf
+        rate = max(rate, min(1.0 / gap if gap > 0 else 0.0, pace))
         pool = self.pool
-        if self.scout == exit_id and not trusted and (rate > pool.lo * (1 + 1e-9)
-                                                      or not pool.proven):
+        if self.scout == exit_id and (rate > pool.lo * (1 + 1e-9) or not pool.proven) and (
+                not wider and math.isfinite(clean_gap)):
             return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout)
-        # 429s on many exits at once, or on exits at paces they took before: the site
-        window = max(SITE_WINDOW, 2.0 / pool.lo)
-        blame = self.site_blame
-        blame.append((now, exit_id))
-        while now - blame[0][0] > window:
-            blame.popleft()
-        spread = len({e for _, e in blame})
-        if spread >= max(2, math.ceil(SITE_SHARE * self.active_exits(now))) or (
-                trusted and spread >= 2):
-            return self._site_limited(origin, spread, site_gap, admitted_at, now)
-        if trusted:
-            return []  # one exit at a pace it took before: noise, until another agrees
-        pl.trusted = 0.0
+        if not closer:
+            return self._site_evidence(origin, exit_id, site_gap, admitted_at, now)
         if pl.own is not None:
             return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now)
         if admitted_at < pool.changed_at:
             return []  # the pool's rate changed since: this 429 is old news
-        if self._raise_was_wrong(exit_id, now):
+        # the pool's pace drawing 429s on many exits (its raise was wrong, or the
+        # limit moved down for every exit): the pool learns it at once
+        if self._pool_too_fast(exit_id, now):
             return self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
         if now - pl.strike > STRIKE_WINDOW:
             pl.strike = now  # once may be the site's: twice alone is this exit's
@@ -348,6 +363,18 @@ class OriginLearner:
                       f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                       f"ceiling {est.hi:.3g}")]
 
+    def _site_evidence(self, origin: str, exit_id: str, site_gap: float, admitted_at: float,
+                       now: float) -> list[Event]:
+        """A 429 the pair's own spacing cannot explain: the site, once two exits agree."""
+        blame = self.site_blame
+        blame.append((now, exit_id))
+        while now - blame[0][0] > max(SITE_WINDOW, 2.0 / self.pool.lo):
+            blame.popleft()
+        spread = len({e for _, e in blame})
+        if spread < min(2, self.active_exits(now)):
+            return []
+        return self._site_limited(origin, spread, site_gap, admitted_at, now)
+
     def _site_limited(self, origin: str, spread: int, site_gap: float, admitted_at: float,
                       now: float) -> list[Event]:
         """The origin is limited as a whole: the site rate starts (or goes) where the
@@ -361,36 +388,37 @@ class OriginLearner:
                                             ceiling=top)
             site.hi = site.seen = max(offered, site.lo)
             site.changed_at = now
-            self.site_confirmations, self.site_confirmed_rate = 0, math.inf
+            self.site_confirmations, self.site_gaps = 0, 0.0
             return [Event("site_limited", origin, None,
                           f"429s on {spread} exits: the site takes {site.lo:.3g} r/s "
                           f"of {offered:.3g}")]
         if admitted_at < site.changed_at:
             return []
-        self.site_confirmations, self.site_confirmed_rate = 0, math.inf
-        before = site.lo
-        # a strict site counts the spacing of arrivals: the budget's pace, or closer
+        self.site_confirmations, self.site_gaps = 0, 0.0
+        before, since = site.lo, site.changed_at
+        # the budget's pace drew it (a strict site counts the spacing of arrivals)
         target = site.target()
-        site.rejected(min(target, 1.0 / site_gap) if site_gap > 0 else target, now)
-        if offered >= 0.9 * target and accepted < site.lo:
-            # the site took less than the budget sent: the limit moved down, meet it there
-            site.lo = max(accepted, site.lo * 0.5, site.floor)
+        site.rejected(target, now)
+        # the share the site took of what the budget sent since the last change: where
+        # the limit now is
+        share = self.clean_share(since)
+        if share is not None and target * share < site.lo:
+            site.lo = max(target * share, site.lo * 0.5, site.floor)
         return [Event("site_rate_down", origin, None,
                       f"{before:.3g} -> {site.lo:.3g} r/s, ceiling {site.hi:.3g}")]
 
-    def _raise_was_wrong(self, exit_id: str, now: float) -> bool:
-        """Many exits 429 at the pool's rate soon after it went up: the raise is to blame.
-
-        One exit (or a few) doing so are exits with a lower limit (they learn their
-        own); a third of the pool (at least two) doing so is the pool's rate being wrong.
-        """
-        if now - self.pool.raised_at > RAISE_TRUST:
-            self.raise_suspects.clear()
+    def _pool_too_fast(self, exit_id: str, now: float) -> bool:
+        """Exits 429 at the pool's pace, each its own limit's doing: many of them (a
+        third of those in use, at least two) within a window say the pool's rate is
+        wrong; fewer are exits slower than the pool."""
+        blame = self.pool_blame
+        blame.append((now, exit_id))
+        while now - blame[0][0] > max(SITE_WINDOW, 2.0 / self.pool.lo):
+            blame.popleft()
+        spread = len({e for _, e in blame})
+        if spread < max(2, math.ceil(SITE_SHARE * self.active_exits(now))):
             return False
-        self.raise_suspects.add(exit_id)
-        if len(self.raise_suspects) < max(2, math.ceil(SITE_SHARE * self.active_exits(now))):
-            return False
-        self.raise_suspects.clear()
+        blame.clear()
         return True
 
     # -- sharing -------------------------------------------------------------------
@@ -407,7 +435,6 @@ class OriginLearner:
             "scout_since": self.scout_since,
             "suspect": self.suspect,
             "suspect_rate": self.suspect_rate if math.isfinite(self.suspect_rate) else None,
-            "suspects": sorted(self.raise_suspects),
         }
 
     def load(self, data: Mapping[str, Any], known_exits: Callable[[str], bool]) -> None:
@@ -424,11 +451,10 @@ class OriginLearner:
         self.suspect = data.get("suspect")
         rate = data.get("suspect_rate")
         self.suspect_rate = math.inf if rate is None else rate
-        self.raise_suspects = {s for s in data["suspects"] if known_exits(s)}
 
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "raised_at", "proven",
-                    "seen", "drift_rate")
+                    "seen", "drift_rate", "climbs", "seen_any")
 
 
 def estimate_data(est: RateEstimate) -> dict[str, Any]:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: slow start multiplies the rate by this on every confirmation until the first 429
+#: slow start multiplies the rate by this on every confirmation: GROWTH_FIRST until the
+#: first 429 ever (nothing known: the limit may be far off), GROWTH after
+GROWTH_FIRST = 2.0
 GROWTH = 2.0
 #: stop probing once the gap between known-clean and known-rejected is this small
 RESOLUTION = 0.03
 #: after a 429 at or below what was thought clean, restart this far under it: gently
 #: for a lone 429 (near a converged limit, timing noise), hard when 429s come in a row
 BACKOFF_BY_STREAK = (0.94, 0.7, 0.5)
+#: a gap between clean and rejected narrower than this factor is climbed, not bisected
+CLIMB_BELOW = 1.5
 #: a start rate never proven clean that draws a 429 is tried again this much lower
 DISCOVERY_BACKOFF = 0.5
 #: a known ceiling is forgotten this fast while clean (per second), so a raised limit
 #: is found: fast at first, slower each time a re-probe finds the ceiling where it was
-CEILING_DRIFT = 0.01
+CEILING_DRIFT = 0.005
 CEILING_DRIFT_MIN = 0.0025
 
 
@@ -47,6 +51,9 @@ class RateEstimate:
     #: the rate that last drew a 429, before any drift
     seen: float | None = None
     drift_rate: float = CEILING_DRIFT
+    #: probes confirmed in a row under a known ceiling: each step up is twice the last
+    climbs: int = 0
+    seen_any: bool = False  # any 429 ever
 
     def __post_init__(self) -> None:
         self.lo = min(max(self.lo, self.floor), self.ceiling)
@@ -62,8 +69,16 @@ class RateEstimate:
         if self.converged or not self.proven:
             return self.lo
         if self.hi is None:
-            return min(self.lo * GROWTH, self.ceiling)
-        return min(math.sqrt(self.lo * self.hi), self.ceiling)
+            growth = GROWTH if self.seen_any else GROWTH_FIRST
+            return min(self.lo * growth, self.ceiling)
+        # bisection; in a narrow gap, climb from what is clean in steps that double
+        # while they run clean (a limit often sits right at the clean rate: one 429
+        # finds that), never past the middle of the gap
+        middle = math.sqrt(self.lo * self.hi)
+        if self.hi > self.lo * CLIMB_BELOW:
+            return min(middle, self.ceiling)
+        step = self.lo * (1 + 2 * RESOLUTION * 2 ** min(self.climbs, 20))
+        return min(step, middle, self.ceiling)
 
     def confirmed(self, rate: float, now: float) -> None:
         """``rate`` ran clean: it is the new floor of what we know (and an unproven
@@ -73,11 +88,12 @@ class RateEstimate:
             self.changed_at = now
         if rate > self.lo:
             self.lo = min(rate, self.ceiling)
+            self.climbs += 1
             if self.hi is not None and (self.hi <= self.lo or self.seen is not None
                                         and self.lo >= self.seen):
                 # the limit was raised: slow start again from here
                 self.hi = self.seen = None
-                self.drift_rate = CEILING_DRIFT
+                self.drift_rate, self.climbs = CEILING_DRIFT, 0
             self.changed_at = self.raised_at = now
 
     def rejected(self, rate: float, now: float, streak: int = 1) -> None:
@@ -87,7 +103,8 @@ class RateEstimate:
         if self.seen is not None and rate >= self.seen * (1 - RESOLUTION):
             # a re-probe found the ceiling where it was: probe less often
             self.drift_rate = max(self.drift_rate / 2, CEILING_DRIFT_MIN)
-        self.seen = rate
+        self.seen, self.seen_any = rate, True
+        self.climbs = 0
         self.hi = rate if self.hi is None else min(self.hi, rate)
         if not self.proven:  # the start rate was a guess, and too high
             self.lo = max(min(self.lo, rate * DISCOVERY_BACKOFF), self.floor)

@@ -665,6 +665,7 @@ class Limiter:
         events += ostate.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             site_gap=lease.site_gap, admitted_at=lease.admitted_at, now=now,
+            slack=pair.bucket.margin + pair.spread,
             configured=self.limits.pair(origin, exit_id).rate is not None,
             pick_scout=partial(self._pick_scout, ostate, now))
         return events
