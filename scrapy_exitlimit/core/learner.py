@@ -109,6 +109,8 @@ class OriginLearner:
     first_admission: float = math.inf
     site_confirmations: int = 0
     site_gaps: float = 0.0  # the summed origin gaps of those confirmations
+    site_decreased: float = -math.inf
+    site_streak: int = 0  # site decreases, each within a second of the last
     last_tick: float = -math.inf
 
     # -- what to pace at -----------------------------------------------------
@@ -308,7 +310,8 @@ class OriginLearner:
         if not closer:
             return self._site_evidence(origin, exit_id, site_gap, admitted_at, now)
         if pl.own is not None:
-            return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now)
+            return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now,
+                               1.0 / fastest)
         if admitted_at < pool.changed_at:
             return []  # the pool's rate changed since: this 429 is old news
         # the pool's pace drawing 429s on many exits (its raise was wrong, or the
@@ -320,7 +323,7 @@ class OriginLearner:
             return []
         # the pool's known-clean rate is too fast for this exit: it learns its own
         own = pl.own = RateEstimate(rate, floor=self.min_rate, ceiling=pool.ceiling)
-        own.lo = max(own.floor, rate * backoff(pl.rate_streak))
+        own.lo = max(own.floor, min(rate * backoff(pl.rate_streak), 1.0 / fastest))
         own.hi = own.seen = rate
         own.changed_at = now
         return [Event("rate_down", origin, exit_id,
@@ -354,11 +357,16 @@ class OriginLearner:
         return self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
 
     def _lower(self, origin: str, exit_id: str | None, est: RateEstimate, rate: float,
-               streak: int, admitted_at: float, now: float) -> list[Event]:
+               streak: int, admitted_at: float, now: float, taken: float = math.inf
+               ) -> list[Event]:
+        """Learn a 429 at ``rate`` once per congestion event; ``taken``: the fastest pace
+        the server recently took from this pair (its own limit is no slower)."""
         if admitted_at < est.changed_at:
             return []  # same congestion event as an earlier 429
         before = est.lo
         est.rejected(rate, now, streak)
+        if taken < est.lo:  # straight to what the server took, not down in small steps
+            est.lo = max(taken, est.floor)
         return [Event("rate_down", origin, exit_id,
                       f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                       f"ceiling {est.hi:.3g}")]
@@ -396,9 +404,12 @@ class OriginLearner:
             return []
         self.site_confirmations, self.site_gaps = 0, 0.0
         before, since = site.lo, site.changed_at
-        # the budget's pace drew it (a strict site counts the spacing of arrivals)
+        # the budget's pace drew it (a strict site counts the spacing of arrivals);
+        # decreases that follow each other within a second come harder
         target = site.target()
-        site.rejected(target, now)
+        self.site_streak = self.site_streak + 1 if now - self.site_decreased < 1.0 else 1
+        self.site_decreased = now
+        site.rejected(target, now, self.site_streak)
         # the share the site took of what the budget sent since the last change: where
         # the limit now is
         share = self.clean_share(since)
