@@ -134,7 +134,7 @@ class OriginLearner:
     def near_limit(self, pl: PairLearning) -> bool:
         """Whether a limit is known close by: then pacing allows for arrival jitter."""
         est = pl.own if pl.own is not None else self.pool
-        return est.hi is not None or est.ceiling < math.inf
+        return est.hi is not None or est.ceiling < self.max_rate
 
     # -- admission -------------------------------------------------------------
     def granted(self, exit_id: str, pl: PairLearning, now: float) -> bool:
@@ -202,15 +202,16 @@ class OriginLearner:
             answers.popleft()
 
     def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
-                  gap: float, admitted_at: float, site_gap: float, now: float,
+                  gap: float, paced: bool, admitted_at: float, site_gap: float, now: float,
                   configured: bool) -> list[Event]:
         """A clean answer to a request admitted at pair pace ``rate``, ``gap`` after the
-        pair's previous one (``site_gap`` after the origin's previous one)."""
+        pair's previous one (``paced``: as soon as the pair's schedule allowed), and
+        ``site_gap`` after the origin's previous one."""
         self._answered(now, admitted_at, True)
         # what the pair really achieved: its pacing rate, or less when something else
         # (its concurrency, latency, demand, the site budget) spaced the requests wider
-        achieved = min(rate, 1.0 / max(gap, 1e-6))
-        if achieved >= rate * 0.8:  # paced: the rate itself ran clean
+        achieved = rate if paced else min(rate, 1.0 / max(gap, 1e-6))
+        if paced:  # the rate itself ran clean
             pl.rate_streak = 0
         if admitted_at > pl.last_clean:
             pl.clean_gaps.append((now, admitted_at - pl.last_clean))

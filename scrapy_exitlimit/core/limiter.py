@@ -626,7 +626,7 @@ class Limiter:
                                     f"baseline {estate.concurrency.baseline:.3f}s)"))
         events += ostate.learner.succeeded(
             lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
-            admitted_at=lease.admitted_at, site_gap=lease.site_gap, now=now,
+            paced=lease.paced, admitted_at=lease.admitted_at, site_gap=lease.site_gap, now=now,
             configured=self.limits.pair(lease.origin, lease.exit_id).rate is not None)
         if ostate.overload_rate is not None and now >= ostate.overloaded_until:
             self._recover_budget(ostate)
