@@ -21,7 +21,7 @@ DISCOVERY_BACKOFF = 0.5
 #: a known ceiling is forgotten this fast while clean (per second), so a raised limit
 #: is found: fast at first, slower each time a re-probe finds the ceiling where it was
 CEILING_DRIFT = 0.005
-CEILING_DRIFT_MIN = 0.0025
+CEILING_DRIFT_MIN = 0.001
 
 
 @dataclass
