@@ -238,7 +238,8 @@ class OriginLearner:
             return []
         pl.confirmations += 1
         pl.confirmed_rate = min(pl.confirmed_rate, achieved)
-        needed = CONFIRMATIONS if est.hi is None else CONFIRMATIONS_NEAR_CEILING
+        needed = CONFIRMATIONS if est.hi is None or not est.proven else \
+            CONFIRMATIONS_NEAR_CEILING
         if pl.confirmations < needed:
             return []
         confirmed, pl.confirmations, pl.confirmed_rate = pl.confirmed_rate, 0, math.inf
@@ -466,7 +467,7 @@ class OriginLearner:
 
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "raised_at", "proven",
-                    "seen", "drift_rate", "climbs", "seen_any")
+                    "seen", "drift_rate", "climbs", "seen_any", "settled")
 
 
 def estimate_data(est: RateEstimate) -> dict[str, Any]:

@@ -11,6 +11,8 @@ GROWTH_FIRST = 2.0
 GROWTH = 2.0
 #: stop probing once the gap between known-clean and known-rejected is this small
 RESOLUTION = 0.03
+#: ... in units of RESOLUTION: converged once clean and rejected are 2 x 3 % apart
+CONVERGED = 2.0
 #: after a 429 at or below what was thought clean, restart this far under it: gently
 #: for a lone 429 (near a converged limit, timing noise), hard when 429s come in a row
 BACKOFF_BY_STREAK = (0.94, 0.7, 0.5)
@@ -54,6 +56,8 @@ class RateEstimate:
     #: probes confirmed in a row under a known ceiling: each step up is twice the last
     climbs: int = 0
     seen_any: bool = False  # any 429 ever
+    #: converged since the last change: a 429 now comes from a re-probe
+    settled: bool = False
 
     def __post_init__(self) -> None:
         self.lo = min(max(self.lo, self.floor), self.ceiling)
@@ -62,7 +66,7 @@ class RateEstimate:
     def converged(self) -> bool:
         if self.lo >= self.ceiling:
             return True
-        return self.hi is not None and self.hi <= self.lo * (1 + RESOLUTION)
+        return self.hi is not None and self.hi <= self.lo * (1 + CONVERGED * RESOLUTION)
 
     def target(self) -> float:
         """The next rate worth trying; equal to ``lo`` when there is nothing to probe."""
@@ -90,17 +94,18 @@ class RateEstimate:
             self.lo = min(rate, self.ceiling)
             self.climbs += 1
             if self.hi is not None and (self.hi <= self.lo or self.seen is not None
-                                        and self.lo >= self.seen):
+                                        and self.lo > self.seen * (1 + 1e-6)):
                 # the limit was raised: slow start again from here
                 self.hi = self.seen = None
                 self.drift_rate, self.climbs = CEILING_DRIFT, 0
             self.changed_at = self.raised_at = now
+            self.settled = self.converged
 
     def rejected(self, rate: float, now: float, streak: int = 1) -> None:
         """A 429 at ``rate`` (what was actually admitted just before it), the
         ``streak``-th in a row without a success in between."""
         rate = max(rate, self.floor)
-        if self.seen is not None and rate >= self.seen * (1 - RESOLUTION):
+        if self.settled and self.seen is not None and rate >= self.seen * (1 - RESOLUTION):
             # a re-probe found the ceiling where it was: probe less often
             self.drift_rate = max(self.drift_rate / 2, CEILING_DRIFT_MIN)
         self.seen, self.seen_any = rate, True
@@ -111,6 +116,7 @@ class RateEstimate:
         elif self.lo >= self.hi:  # what we thought clean is not: the limit is lower
             self.lo = max(self.hi * backoff(streak), self.floor)
         self.changed_at = now
+        self.settled = self.converged
 
     def drift(self, seconds: float) -> None:
         """Forget the ceiling slowly while clean."""
