@@ -21,18 +21,38 @@ from .conftest import FakeClock
 SITE = "http://site.test"
 
 
-def test_slow_start_doubles_until_the_first_429_then_bisects():
+def test_slow_start_doubles_until_the_first_429_then_bisects_then_climbs():
     est = RateEstimate(2.0)
     assert est.target() == 4.0
     est.confirmed(4.0, now=1)
     assert est.lo == 4.0 and est.target() == 8.0
     est.rejected(8.0, now=2)  # one 429 at 8 r/s: the limit is between 4 and 8
     assert (est.lo, est.hi) == (4.0, 8.0)
-    assert est.target() == pytest.approx(math.sqrt(32))
+    assert est.target() == pytest.approx(math.sqrt(32))  # a wide gap: bisect
     est.rejected(est.target(), now=3)
     assert est.hi == pytest.approx(5.657, abs=1e-3)
+    # a narrow gap (under 1.5x): climb from what is clean, 6 % first, then 12 %...
+    assert est.target() == pytest.approx(4 * 1.06)
     est.confirmed(est.target(), now=4)
-    assert est.lo == pytest.approx(4.757, abs=1e-3)
+    assert est.lo == pytest.approx(4.24)
+    assert est.target() == pytest.approx(4.24 * 1.12)
+    est.confirmed(est.target(), now=5)
+    # ... never past the middle of the gap
+    assert est.target() == pytest.approx(math.sqrt(4.24 * 1.12 * 5.657), rel=1e-3)
+    est.rejected(est.target(), now=6)  # the climb starts small again (here: the middle)
+    assert est.target() == pytest.approx(min(4.24 * 1.12 * 1.06, math.sqrt(est.lo * est.hi)))
+    assert est.target() < 4.24 * 1.12 * 1.12
+
+
+def test_an_unproven_start_rate_is_tried_first_and_halved_by_a_429():
+    est = RateEstimate(2.0, proven=False)
+    assert est.target() == 2.0  # the start rate itself is tried before anything above
+    est.rejected(2.0, now=1)
+    assert (est.lo, est.hi, est.proven) == (1.0, 2.0, False)
+    est.rejected(2.0, now=2)  # a 429 faster than lo says nothing new about lo
+    assert est.lo == 1.0
+    est.confirmed(1.0, now=3)
+    assert est.proven and est.lo == 1.0 and est.target() == pytest.approx(math.sqrt(2))
 
 
 def test_a_lone_429_below_what_was_clean_backs_off_gently_a_streak_hard():
@@ -58,15 +78,28 @@ def test_never_below_the_floor_nor_above_the_ceiling():
 def test_converges_within_resolution_then_probes_again_as_the_ceiling_drifts():
     est = RateEstimate(4.9, hi=5.0)
     assert est.converged and est.target() == 4.9
-    est.drift(60)  # a minute clean: 0.2 %/s
-    assert est.hi == pytest.approx(5.0 * 1.12)
+    est.drift(10)  # ten seconds clean: 0.5 %/s
+    assert est.hi == pytest.approx(5.0 * 1.05)
     assert not est.converged and est.target() > 4.9
 
 
-def test_a_confirmed_rate_at_or_above_the_ceiling_resumes_slow_start():
-    est = RateEstimate(4.0, hi=5.0)
-    est.confirmed(5.0, now=1)
-    assert est.hi is None and est.target() == 10.0
+def test_re_probes_that_find_the_ceiling_where_it_was_come_less_often():
+    est = RateEstimate(4.9, hi=5.0, seen=5.0, settled=True)
+    est.drift(10)
+    est.rejected(5.1, now=10)  # the re-probe: the ceiling held
+    assert est.drift_rate == pytest.approx(0.005 / 2)
+    assert est.hi == 5.1 and est.lo == 4.9
+    for now in range(11, 20):
+        est.rejected(5.1, now=now)
+    assert est.drift_rate == pytest.approx(0.001)  # never slower: a raise is found in time
+
+
+def test_a_confirmed_rate_above_the_last_429_resumes_slow_start():
+    est = RateEstimate(4.0, hi=5.2, seen=5.0)
+    est.confirmed(5.0, now=1)  # clean right at the 429's rate: not yet proof of a raise
+    assert est.hi == 5.2
+    est.confirmed(5.1, now=2)  # clean above it: the limit was raised
+    assert est.hi is None and est.target() == 10.2
 
 
 def learner(n=3, clock=None, **tuning):
@@ -108,12 +141,43 @@ def run(lim, clock, seconds, limit_rate, latency=0.001):
     return accepted, rejected
 
 
-def test_one_scout_probes_while_the_others_hold_the_known_clean_rate():
+def test_the_start_rate_is_proven_by_one_scout_while_the_others_wait_for_it():
+    lim, clock = learner(3)
+    leases = [lim.try_admit(SITE) for _ in range(3)]  # a first request on every exit
+    ostate = lim.origin_state(SITE)
+    assert ostate.scout == leases[0].exit_id and not ostate.estimate.proven
+    for lease in leases:
+        answer(lim, clock, lease)
+    clock.now = 0.6  # past the scout's interval at the start rate (2 r/s)
+    second = lim.try_admit(SITE)
+    assert second.exit_id == ostate.scout
+    # the others hold; only the scout's own next token (1/2 s on) is in sight
+    assert lim.try_admit(SITE) == pytest.approx(1.1)
+    answer(lim, clock, second)
+    assert ostate.estimate.proven and ostate.estimate.lo == 2.0
+    probe, follower = lim.try_admit(SITE), lim.try_admit(SITE)
+    assert {probe.rate, follower.rate} == {2.0} and ostate.scout is not None
+    assert lim.pair_rate(ostate, ostate.scout, lim.pair_state(SITE, ostate.scout)) == 4.0
+
+
+def test_a_start_rate_above_the_limit_draws_one_429_per_exit_that_tries_it():
     lim, clock = learner(3)
     leases = [lim.try_admit(SITE) for _ in range(3)]
     ostate = lim.origin_state(SITE)
-    assert ostate.scout == leases[0].exit_id
-    assert [lease.rate for lease in leases] == [4.0, 2.0, 2.0]
+    for lease in leases:
+        answer(lim, clock, lease)
+    clock.now = 0.6
+    scout = lim.try_admit(SITE)
+    answer(lim, clock, scout, status=429)  # the start rate is too fast (for this exit?)
+    est = ostate.estimate
+    assert est.lo == 2.0 and est.hi is None and ostate.learner.suspect == scout.exit_id
+    assert ostate.scout not in (None, scout.exit_id)  # another exit checks it
+    clock.now = 1.2
+    check = lim.try_admit(SITE)
+    assert check.exit_id == ostate.scout and check.rate == 2.0
+    answer(lim, clock, check, status=429)  # it agrees: the pool's start rate was too fast
+    assert (est.lo, est.hi, est.proven) == (1.0, 2.0, False)
+    assert lim.pair_state(SITE, scout.exit_id).own is None  # not slower: the pool's
 
 
 def test_the_pool_learns_a_strict_limit_once_and_stays_just_under_it():
@@ -153,9 +217,15 @@ def test_a_slower_exit_learns_its_own_limit():
 def test_429s_from_one_congestion_event_decrease_once():
     lim, clock = learner(1, start_rate=8.0)
     est = lim.origin_state(SITE).estimate
-    est.hi = 9.0  # bisecting already
+    for _ in range(3):  # the start rate runs clean
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got
+            got = lim.try_admit(SITE)
+        answer(lim, clock, got)
+    assert est.proven
+    est.lo, est.hi = 8.0, 9.0  # bisecting already
     lim.exits["127.0.0.1:9000"].concurrency.limit = 8
-    lim.pair_state(SITE, "127.0.0.1:9000").proven = True
     leases = []
     while len(leases) < 3:  # three in flight, none answered yet
         got = lim.try_admit(SITE)

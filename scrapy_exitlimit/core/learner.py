@@ -309,7 +309,7 @@ class OriginLearner:
         if self.scout == exit_id and (rate > pool.lo * (1 + 1e-9) or not pool.proven) and (
                 not wider and math.isfinite(clean_gap)):
             return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout)
-        if not closer:
+        if not closer and self.active_exits(now) > 1:  # (one exit alone: it is the pair)
             return self._site_evidence(origin, exit_id, site_gap, admitted_at, now)
         if pl.own is not None:
             return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now,
