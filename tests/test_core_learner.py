@@ -1,0 +1,163 @@
+"""Where a 429 points (the pair or the site) and what each scope learns: arithmetic on a
+fake clock against model origins (the simulator's limits), no sockets."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from scrapy_exitlimit.core import Lease, Limiter, Limits, Tuning, make_exit
+from scrapy_exitlimit.sim import Gcra, OriginModel, Unlimited
+
+from .conftest import FakeClock
+
+SITE = "http://site.test"
+
+
+def limiter(n: int, clock: FakeClock, rate: float | None = None, **tuning) -> Limiter:
+    exits = [make_exit(f"http://127.0.0.{10 + i}:3128") for i in range(n)]
+    return Limiter(exits, Limits(rate=rate, concurrency=4), clock=clock,
+                   tuning=Tuning(**{"margin": 0.005, **tuning}), rng=random.Random(7))
+
+
+def ip(exit_id: str) -> str:
+    return exit_id.split(":")[0]
+
+
+def drive(lim: Limiter, clock: FakeClock, model: OriginModel, seconds: float,
+          latency: float = 0.002) -> dict[int, int]:
+    """Admit as fast as the limiter allows for ``seconds``; the model answers each request
+    on arrival; answers come back ``latency`` later, one at a time. Counts statuses."""
+    end = clock.now + seconds
+    counts: dict[int, int] = {}
+    while clock.now < end:
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = min(got, end) if math.isfinite(got) else clock.now + 0.01
+            continue
+        status = model.arrive(ip(got.exit_id), clock.now)
+        counts[status] = counts.get(status, 0) + 1
+        clock.advance(latency)
+        if status == 429:
+            lim.rate_limited(SITE, got.exit_id, 1.0, got)
+        elif status == 200:
+            lim.success(got, latency)
+        lim.release(got.id)
+    return counts
+
+
+def test_429s_at_paces_the_pairs_took_before_point_at_the_site_not_the_pairs():
+    clock = FakeClock(0.0)
+    lim = limiter(4, clock)
+    counts = drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(8.0)), 40.0)
+    learner = lim.origin_state(SITE).learner
+    assert learner.site is not None, "a site-wide limit must be learned as one"
+    assert 6.0 <= learner.site.lo <= 8.5
+    # the pairs were not pushed to the floor for the site's limit (the old failure)
+    assert learner.pool.lo >= 2.0
+    assert not any(p.own is not None for p in lim.origin_state(SITE).pairs.values())
+    assert counts.get(429, 0) / sum(counts.values()) < 0.05
+
+
+def test_a_slow_exit_learns_its_own_rate_and_does_not_drag_the_pool():
+    clock = FakeClock(0.0)
+    lim = limiter(4, clock)
+    slow = "127.0.0.13"
+    model = OriginModel(per_ip=lambda: Gcra(5.0), per_ip_override={slow: lambda: Gcra(1.0)})
+    drive(lim, clock, model, 40.0)
+    ostate = lim.origin_state(SITE)
+    assert ostate.learner.site is None
+    slow_pair = lim.pair_state(SITE, f"{slow}:3128")
+    assert slow_pair.own is not None and slow_pair.own.lo <= 1.05
+    assert 4.5 <= ostate.estimate.lo <= 5.3
+    others = [lim.pair_state(SITE, f"127.0.0.{10 + i}:3128") for i in range(3)]
+    assert all(p.own is None for p in others)
+
+
+def test_the_pool_rate_and_the_site_rate_are_learned_together():
+    clock = FakeClock(0.0)
+    lim = limiter(6, clock)
+    counts = drive(lim, clock, OriginModel(per_ip=lambda: Gcra(2.0), site=Gcra(8.0)), 60.0)
+    learner = lim.origin_state(SITE).learner
+    assert learner.site is not None and 6.0 <= learner.site.lo <= 8.5
+    assert learner.pool.lo <= 2.1  # the per-IP limit still holds each pair
+    assert counts.get(429, 0) / sum(counts.values()) < 0.06
+
+
+def test_a_configured_origin_rate_stays_a_ceiling_of_the_learned_site_rate():
+    clock = FakeClock(0.0)
+    exits = [make_exit(f"http://127.0.0.{10 + i}:3128") for i in range(4)]
+    lim = Limiter(exits, Limits(rate=None, concurrency=4, origin_rate=6.0), clock=clock,
+                  tuning=Tuning(margin=0.005), rng=random.Random(7))
+    drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(10.0)), 20.0)
+    ostate = lim.origin_state(SITE)
+    assert ostate.budget is not None and ostate.budget.rate <= 6.0
+
+
+def test_after_a_503_the_budget_is_half_the_rate_admitted_just_before_it():
+    for start in (0.0, 999.0):  # early in a crawl, and a crawl running for 1000 s
+        clock = FakeClock(0.0)
+        lim = limiter(1, clock, rate=20.0)
+        first = lim.try_admit(SITE)  # the crawl began at t = 0
+        lim.success(first, 0.001)
+        lim.release(first.id)
+        clock.now = start
+        lease = None
+        while clock.now < start + 1.0:
+            got = lim.try_admit(SITE)
+            if isinstance(got, Lease):
+                lease = got
+                lim.success(got, 0.001)
+                lim.release(got.id)
+            else:
+                clock.now = got
+        assert lease is not None
+        lim.overloaded(lease, retry_after=3.0)
+        budget = lim.origin_state(SITE).budget
+        assert budget.rate == pytest.approx(10.0, rel=0.15), start
+        assert budget.ready_at(clock.now) == pytest.approx(clock.now + 3.0, abs=0.01)
+
+
+def test_a_steady_trickle_of_503s_decreases_once_per_congestion_event():
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=20.0)
+    warm = lim.try_admit(SITE)  # a first answer: the pair may have two in flight
+    lim.success(warm, 0.001)
+    lim.release(warm.id)
+    clock.advance(0.06)
+    leases = [lim.try_admit(SITE)]
+    clock.advance(0.06)
+    leases.append(lim.try_admit(SITE))
+    lim.overloaded(leases[0], retry_after=None)
+    after_first = lim.origin_state(SITE).budget.rate
+    assert lim.overloaded(leases[1], retry_after=None) == []  # sent before: the same event
+    assert lim.origin_state(SITE).budget.rate == after_first
+
+
+def test_arrival_spread_widens_pacing_only_near_a_known_limit():
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=5.0)
+    lease = lim.try_admit(SITE)
+    exit_id = lease.exit_id
+    for latency in (0.05, 0.35, 0.05, 0.30, 0.05, 0.25, 0.05):  # 300 ms of jitter
+        clock.advance(latency)
+        lim.success(lease, latency)
+        lim.release(lease.id)
+        got = lim.try_admit(SITE)
+        while not isinstance(got, Lease):
+            clock.now = got
+            got = lim.try_admit(SITE)
+        lease = got
+    pair = lim.pair_state(SITE, exit_id)
+    assert pair.spread >= 0.2
+    # a configured rate is a known limit: paced 1/5 s plus the spread (at most 1.5 intervals)
+    assert pair.bucket.interval == pytest.approx(0.2 + 0.005 + min(pair.spread, 0.3))
+    unlimited = limiter(1, FakeClock(0.0))  # learned, no 429 yet: nothing to space for
+    first = unlimited.try_admit(SITE)
+    unlimited.pair_state(SITE, first.exit_id).spread = 0.3
+    unlimited.release(first.id, answered=False)
+    unlimited.clock.now = 10.0
+    unlimited.try_admit(SITE)
+    assert unlimited.pair_state(SITE, first.exit_id).bucket.margin == 0.005

@@ -1,0 +1,84 @@
+"""The learner on every model origin at once (the simulator: the real core, no sockets).
+
+A regression check, not a benchmark: each row's floor is a little under what the
+learner reaches today (``python bench/sim.py`` prints the table). A change to the
+learner that loses on one model fails here even when it wins on another; raise the
+floors when a change earns it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scrapy_exitlimit.sim import SCENARIOS, Crawl, OriginModel, Unlimited, simulate, table
+
+#: (scenario, mode) -> (lowest utilization, highest 429 share)
+FLOORS = {
+    ("per-ip", "learned"): (0.85, 0.010),
+    ("per-ip", "known"): (0.95, 0.001),
+    ("site-wide", "learned"): (0.88, 0.040),
+    ("site-wide", "known"): (0.88, 0.040),
+    ("site-only", "learned"): (0.88, 0.040),
+    ("mixed", "learned"): (0.70, 0.045),
+    ("mixed", "known"): (0.78, 0.025),
+    ("tighten", "learned"): (0.60, 0.070),
+    ("tighten", "known"): (0.58, 0.100),
+    ("loosen", "learned"): (0.55, 0.015),
+    ("loosen", "known"): (0.70, 0.001),
+    ("burst", "learned"): (0.65, 0.025),
+    ("burst", "known"): (0.95, 0.001),
+    ("fixed-window", "learned"): (0.38, 0.080),
+    ("fixed-window", "known"): (0.95, 0.001),
+    ("sliding-window", "learned"): (0.50, 0.075),
+    ("sliding-window", "known"): (0.95, 0.001),
+    ("jitter-small", "learned"): (0.50, 0.015),
+    ("jitter-small", "known"): (0.70, 0.005),
+    ("jitter-large", "learned"): (0.33, 0.030),
+    ("jitter-large", "known"): (0.30, 0.020),
+    ("broad", "learned"): (0.90, 0.055),
+    ("broad", "known"): (0.98, 0.001),
+    ("unlimited", "learned"): (0.72, 0.001),
+    ("unlimited", "known"): (0.97, 0.001),
+}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {(r.scenario, r.mode): r for r in table()}
+
+
+def test_every_model_and_mode_has_a_floor(rows):
+    assert set(rows) == set(FLOORS)
+
+
+@pytest.mark.parametrize("key", sorted(FLOORS), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_no_page_is_lost_and_no_model_regresses(rows, key):
+    row = rows[key]
+    least, most_429 = FLOORS[key]
+    assert row.lost == 0
+    assert row.utilization >= least, f"{key}: utilization {row.utilization:.3f} < {least}"
+    assert row.share_429 <= most_429, f"{key}: 429 share {row.share_429:.4f} > {most_429}"
+
+
+def test_the_simulation_is_deterministic():
+    scenario = next(s for s in SCENARIOS if s.name == "mixed")
+    first, second = simulate(scenario.build(0.3)), simulate(scenario.build(0.3))
+    assert (first.ok, first.requests, first.wall) == (second.ok, second.requests, second.wall)
+
+
+def test_a_bare_crawl_hammers_where_the_limiter_paces():
+    """The model origin is strict: without the limiter the same crawl draws 429s."""
+    from scrapy_exitlimit.sim import Gcra
+
+    model = {"http://site.test": OriginModel(per_ip=lambda: Gcra(5.0))}
+    bare = simulate(Crawl(model, 200, strategy="bare"))
+    model = {"http://site.test": OriginModel(per_ip=lambda: Gcra(5.0))}
+    paced = simulate(Crawl(model, 200, rate=5.0))
+    assert bare.share_429 > 0.5 and paced.share_429 == 0.0
+    assert paced.ok == bare.ok == 200
+
+
+def test_without_a_limit_the_bare_crawl_is_the_yardstick():
+    model = {"http://site.test": OriginModel(per_ip=Unlimited)}
+    bare = simulate(Crawl(model, 500, strategy="bare"))
+    assert bare.status == {200: 500} and bare.wall > 0
