@@ -172,6 +172,36 @@ async def test_learning_is_shared_and_one_congestion_event_lowers_the_rate_once(
         await two.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_learned_site_rate_is_shared_and_paces_the_origin_in_the_script(redis_url):
+    settings = Settings({"EXITLIMIT_EXITS": EXITS, **redis_crawl_settings(redis_url)})
+    config = ExitLimitConfig.from_settings(settings)
+    one, two = RedisBackend(config, settings), RedisBackend(config, settings)
+    one.open()
+    two.open()
+    origin = "http://o"
+    try:
+        # a first request on each exit, both refused: no pair's pace explains that
+        leases = (await admit(one, origin, want=2)).leases
+        assert len({lease.exit_id for lease in leases}) == 2
+        for lease in leases:
+            one.rate_limited(lease, 0.01)
+        await _drain(one)
+        site = one.limiter.origin_state(origin).learner.site
+        assert site is not None
+        await admit(two, origin)  # syncs what the pool learned
+        await _drain(two)
+        shared = two.limiter.origin_state(origin)
+        assert shared.learner.site is not None and shared.learner.site.lo == site.lo
+        # the budget that goes to the script paces the origin at the site's rate
+        two.limiter.plan(origin)
+        assert shared.budget is not None
+        assert shared.budget.rate == pytest.approx(site.target())
+    finally:
+        await one.close()
+        await two.close()
+
+
 async def admit(backend: RedisBackend, origin: str, want: int = 1):
     """One admission call (an asyncio future), awaited from a Twisted coroutine."""
     from twisted.internet.defer import Deferred

@@ -436,6 +436,7 @@ class Limiter:
         ostate = self.origin_state(origin)
         ostate.last_used = now
         self._tick_estimate(ostate, now)
+        self._sync_budget(ostate)  # the learned site rate reaches the shared script
         ranked: list[tuple[tuple[float, float], Candidate]] = []
         earliest = UNTIL_RELEASE
         pool: Iterable[tuple[str, ExitState]] = self._pool(only)
