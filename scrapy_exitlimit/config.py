@@ -349,6 +349,12 @@ class ExitLimitConfig:
         backend = settings.get("EXITLIMIT_BACKEND") or "memory"
         if not isinstance(backend, str):
             backend = f"{backend.__module__}.{backend.__qualname__}"
+        if backend != "memory" and settings.get("EXITLIMIT_ID_KEY") in (None, "") \
+                and any(ex.has_credentials for ex in exits):
+            logger.warning("EXITLIMIT_BACKEND is %s but EXITLIMIT_ID_KEY is not set: the ids "
+                           "of exits with credentials come from %s, so processes on other "
+                           "machines (other keys) will not share those exits' state; give "
+                           "every process the same EXITLIMIT_ID_KEY", backend, id_key_path())
         header = settings.get("EXITLIMIT_EXIT_IP_HEADER") or None
         if header is not None and (not isinstance(header, str) or not header.strip()
                                    or any(c in header for c in " :\r\n")):

@@ -209,3 +209,31 @@ async def test_your_order_and_your_none_are_what_the_crawl_runs_with():
             < chain.index("HttpProxyMiddleware")
     assert not any(isinstance(e, ExitLimitProgress) for e in crawler.extensions.middlewares)
     assert set(lab.origin.stats()["ips"]) <= {"127.0.0.10", "127.0.0.11"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_host_port_exits_crawl_through_their_proxies():
+    lab = Lab(exits=2, origin=OriginConfig(rate=None))
+    await lab.start()
+    try:
+        bare = [url.removeprefix("http://") for url in lab.exit_urls]
+        assert all("://" not in url for url in bare)
+        crawler = await crawl({**BRISK, "EXITLIMIT_EXITS": ",".join(bare)}, lab.origin_url, 4)
+    finally:
+        await lab.stop()
+    assert len(crawler.spider.ok) == 4
+    assert set(lab.origin.stats()["ips"]) <= {"127.0.0.10", "127.0.0.11"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_socks_exit_stops_the_crawl_before_any_request():
+    lab = Lab(exits=1, origin=OriginConfig(rate=None))
+    await lab.start()
+    try:
+        with pytest.raises(ValueError, match=r"EXITLIMIT_EXITS entry #2: scheme 'socks5'") as info:
+            await crawl({"EXITLIMIT_EXITS": [*lab.exit_urls, "socks5://me:pw9@127.0.0.1:1080"]},
+                        lab.origin_url, 2)
+    finally:
+        await lab.stop()
+    assert "pw9" not in str(info.value)
+    assert_origin_saw_nothing(lab)
