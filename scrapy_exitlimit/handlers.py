@@ -33,10 +33,12 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler, _ScrapyAgent
-from scrapy.exceptions import IgnoreRequest, ResponseDataLossError
+from scrapy.exceptions import ResponseDataLossError
 from scrapy.utils._download_handlers import get_dataloss_msg, wrap_twisted_exceptions
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.deprecate import warn_on_deprecated_spider_attribute
+
+from .failclosed import EXPECTED_PROXY_KEY, PROXY_LOST_STAT, ProxyLost, proxy_problem
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -46,39 +48,11 @@ if TYPE_CHECKING:
     from twisted.internet.interfaces import IStreamClientEndpoint
     from twisted.web.client import HTTP11ClientProtocol, HTTPConnectionPool
 
-from .core.exits import proxy_address
-
-__all__ = ["EXPECTED_PROXY_KEY", "CredentialKeyedDownloadHandler", "ProxyLost", "pool_key",
-           "proxy_problem"]
+__all__ = ["CredentialKeyedDownloadHandler", "ProxyLost", "pool_key"]
 
 logger = logging.getLogger(__name__)
 
 _TAG = "proxy-auth"
-#: meta key the middleware sets on a request it admits: ``(proxy address, has credentials)``
-#: of the exit it was given (no secret in it)
-EXPECTED_PROXY_KEY = "_exitlimit_expected_proxy"
-PROXY_LOST_STAT = "exitlimit/proxy_lost"
-
-
-class ProxyLost(IgnoreRequest):
-    """A request reached the download handler without the proxy its exit gave it.
-
-    An IgnoreRequest: RetryMiddleware leaves it alone, the spider's errback gets it."""
-
-
-def proxy_problem(request: Request, expected: tuple[str, bool]) -> str | None:
-    """Why ``request`` would not leave through the exit it was given, or None."""
-    address, with_credentials = expected
-    proxy = request.meta.get("proxy")
-    if not proxy:
-        return f"meta['proxy'] is gone (it was {address})"
-    actual = proxy_address(str(proxy))
-    if actual != address:
-        return f"meta['proxy'] changed from {address} to {actual}"
-    if with_credentials and not request.headers.get(b"Proxy-Authorization") \
-            and "@" not in str(proxy):
-        return f"the credentials of {address} are gone (no Proxy-Authorization header)"
-    return None
 
 
 def pool_key(key: tuple[Any, ...], auth: bytes | None, secret: bytes) -> tuple[Any, ...]:

@@ -23,7 +23,7 @@ from .backends import load_backend
 from .config import ExitLimitConfig
 from .core import Event, Lease, bounded_cooldown, parse_retry_after
 from .core.ratelimit_headers import parse_ratelimit
-from .handlers import EXPECTED_PROXY_KEY
+from .failclosed import EXPECTED_PROXY_KEY
 from .policy import ResponsePolicy, Signal
 from .progress import Snapshot
 from .prometheus import PrometheusMetrics

@@ -75,9 +75,12 @@ def without_addon(settings: Any, exits: int, per_exit: int) -> str:
     lines = [
         "ExitLimitMiddleware is enabled through DOWNLOADER_MIDDLEWARES without the add-on; "
         "ADDONS = {'scrapy_exitlimit.Addon': 100} would also have set:"]
-    if have < capacity:
-        lines.append(f"CONCURRENT_REQUESTS = {wanted} (now {have}, below the pool's capacity "
-                     f"of {exits} exits x {per_exit} = {capacity}: exits will sit idle)")
+    if have < wanted:
+        why = (f"below the pool's capacity of {exits} exits x {per_exit} = {capacity}: exits "
+               "will sit idle" if have < capacity else
+               f"the pool's capacity of {exits} exits x {per_exit} = {capacity}, plus room for "
+               "the requests parked here, which count against it")
+        lines.append(f"CONCURRENT_REQUESTS = {wanted} (now {have}; {why})")
     if handlers.get("http") != DOWNLOAD_HANDLER or handlers.get("https") != DOWNLOAD_HANDLER:
         lines.append(f"DOWNLOAD_HANDLERS http/https = {DOWNLOAD_HANDLER} (connections kept "
                      "apart per proxy credential, and a last-moment check that each request "

@@ -161,7 +161,7 @@ def test_without_the_addon_the_middleware_works_and_warns_with_the_numbers(caplo
         check_wiring(crawler, len(EXITS), 8)
     text = caplog.text
     assert "without the add-on" in text and "ADDONS" in text
-    assert "CONCURRENT_REQUESTS = 96 (now 16" in text and "10 exits x 8 = 80" in text
+    assert "CONCURRENT_REQUESTS = 96 (now 16; below" in text and "10 exits x 8 = 80" in text
     assert "CredentialKeyedDownloadHandler" in text and "ExitLimitProgress" in text
     caplog.clear()
     crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS,

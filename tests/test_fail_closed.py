@@ -237,3 +237,21 @@ async def test_a_socks_exit_stops_the_crawl_before_any_request():
         await lab.stop()
     assert "pw9" not in str(info.value)
     assert_origin_saw_nothing(lab)
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_the_addon_the_middleware_crawls_and_says_what_is_missing(caplog):
+    lab = Lab(exits=2, origin=OriginConfig(rate=None))
+    await lab.start()
+    try:
+        with caplog.at_level("WARNING", logger="scrapy_exitlimit"):
+            crawler = await crawl({**BRISK, "ADDONS": {}, "EXITLIMIT_EXITS": lab.exit_urls,
+                                   "DOWNLOADER_MIDDLEWARES": {MIDDLEWARE: 585}},
+                                  lab.origin_url, 3)
+    finally:
+        await lab.stop()
+    assert len(crawler.spider.ok) == 3
+    assert set(lab.origin.stats()["ips"]) <= {"127.0.0.10", "127.0.0.11"}
+    text = caplog.text
+    assert "without the add-on" in text and "CONCURRENT_REQUESTS = 32 (now 16" in text
+    assert "CredentialKeyedDownloadHandler" in text

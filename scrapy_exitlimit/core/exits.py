@@ -30,6 +30,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -58,12 +59,12 @@ class Exit:
     def __str__(self) -> str:
         return self.id
 
-    @property
+    @cached_property
     def address(self) -> str:
         """``scheme://host:port`` of the proxy, without credentials (safe to keep)."""
         return proxy_address(self.url)
 
-    @property
+    @cached_property
     def has_credentials(self) -> bool:
         parts = urlsplit(self.url)
         return parts.username is not None or parts.password is not None
