@@ -125,7 +125,7 @@ def test_an_id_cannot_be_recomputed_from_the_url_alone():
                        exit_id(guess).rpartition("~")[2]):
             assert not digest.startswith(shown)
     # with the key, the right guess matches: the key is what keeps the id useless
-    assert [exit_id(g, key=key) for g in guesses] .count(the_id) == 1
+    assert [exit_id(g, key=key) for g in guesses].count(the_id) == 1
     assert the_id == exit_id(guesses[2], key=key)
 
 
