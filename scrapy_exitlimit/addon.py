@@ -6,8 +6,9 @@ import logging
 from typing import Any
 
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
+from scrapy.utils.misc import load_object
 
-from .config import DEFAULT_CONCURRENCY, read_exits
+from .config import DEFAULT_CONCURRENCY, no_exits_error, read_bool, read_exits
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,10 @@ MIDDLEWARE_ORDER = 585
 #: parked requests count against CONCURRENT_REQUESTS: leave room for them
 PARKING_ROOM = 16
 PROGRESS = "scrapy_exitlimit.progress.ExitLimitProgress"
-#: keeps apart keep-alive connections of exits that differ only in their credentials
+#: beside Scrapy's own LogStats (500)
+PROGRESS_ORDER = 510
+#: keeps apart keep-alive connections of exits that differ only in their credentials, and
+#: fails a request of ours that reaches it without the proxy it was given
 DOWNLOAD_HANDLER = "scrapy_exitlimit.handlers.CredentialKeyedDownloadHandler"
 
 
@@ -31,35 +35,75 @@ def _at_least_addon(settings: BaseSettings, name: str) -> int:
     return max(settings.getpriority(name) or 0, SETTINGS_PRIORITIES["addon"])
 
 
+def user_order(settings: BaseSettings, name: str, path: str) -> tuple[bool, Any]:
+    """``(present, value)`` of the component ``path`` in the component priority dict
+    ``name`` as the user wrote it (by path or by class)."""
+    cls = load_object(path)
+    for key, value in settings.getdict(name).items():
+        if key == path or key is cls or (isinstance(key, str) and _loads_to(key, cls)):
+            return True, value
+    return False, None
+
+
+def _loads_to(path: str, cls: type) -> bool:
+    try:
+        return load_object(path) is cls
+    except (ImportError, NameError, ValueError, AttributeError):
+        return False
+
+
+class AddonConfigError(ValueError):
+    """A setting contradicts the add-on being on."""
+
+
 class Addon:
+    """Adds what the middleware needs; whatever you set yourself stays as you set it.
+
+    ``EXITLIMIT_ENABLED = False`` is the one off switch: then the add-on adds nothing.
+    """
+
     def update_settings(self, settings: BaseSettings) -> None:
-        # at the priority of your own DOWNLOADER_MIDDLEWARES: at "addon" they would drop ours
-        settings.set("DOWNLOADER_MIDDLEWARES", {
-            **settings.getdict("DOWNLOADER_MIDDLEWARES"),
-            MIDDLEWARE: MIDDLEWARE_ORDER,
-        }, priority=_at_least_addon(settings, "DOWNLOADER_MIDDLEWARES"))
+        if not read_bool(settings, "EXITLIMIT_ENABLED", True):
+            return
+        # fail closed: no exits would mean every request leaves from this machine
+        exits = len(read_exits(settings, warn=False))  # gateway templates expanded
+        if not exits:
+            raise no_exits_error(settings)
+        self._add_middleware(settings)
         # AutoThrottle would tune the delay of our per-exit slots against our pacing
         if not _user_set(settings, "AUTOTHROTTLE_ENABLED"):
             settings.set("AUTOTHROTTLE_ENABLED", False, priority="addon")
         elif settings.getbool("AUTOTHROTTLE_ENABLED"):
             logger.warning("AUTOTHROTTLE_ENABLED is on: it will pace only requests that "
                            "scrapy_exitlimit does not handle (dont_exitlimit)")
-        self._size_concurrency(settings)
+        self._size_concurrency(settings, exits)
         self._install_handler(settings)
-        # the progress line beside Scrapy's own LogStats (500), every LOGSTATS_INTERVAL
-        settings.set("EXTENSIONS", {**settings.getdict("EXTENSIONS"), PROGRESS: 510},
-                     priority=_at_least_addon(settings, "EXTENSIONS"))
+        # the progress line beside LogStats, every LOGSTATS_INTERVAL; your None turns it off
+        settings.setdefault_in_component_priority_dict("EXTENSIONS", load_object(PROGRESS),
+                                                       PROGRESS_ORDER)
+
+    @staticmethod
+    def _add_middleware(settings: BaseSettings) -> None:
+        """At 585 unless you placed it yourself (wiring.check_order warns about odd places)."""
+        present, order = user_order(settings, "DOWNLOADER_MIDDLEWARES", MIDDLEWARE)
+        if present and order is None:
+            raise AddonConfigError(
+                f"DOWNLOADER_MIDDLEWARES sets {MIDDLEWARE} to None while the add-on is on: "
+                "requests would leave without an exit. Turn scrapy_exitlimit off with "
+                "EXITLIMIT_ENABLED = False (and nothing else).")
+        if not present:
+            settings.setdefault_in_component_priority_dict(
+                "DOWNLOADER_MIDDLEWARES", load_object(MIDDLEWARE), MIDDLEWARE_ORDER)
 
     @staticmethod
     def _install_handler(settings: BaseSettings) -> None:
         """Our HTTP/1.1 handler for http and https, unless you chose one for the scheme."""
-        if not settings.getbool("EXITLIMIT_ENABLED", True):
-            return
         try:
             from . import handlers  # noqa: F401 - needs Scrapy's HTTP/1.1 handler internals
         except ImportError as exc:
             logger.warning("scrapy_exitlimit: cannot install %s (%s): exits that differ only "
-                           "in credentials may share connections", DOWNLOAD_HANDLER, exc)
+                           "in credentials may share connections, and no last-moment check "
+                           "that each request leaves through its exit", DOWNLOAD_HANDLER, exc)
             return
         own = settings.getdict("DOWNLOAD_HANDLERS")
         chosen = {s: DOWNLOAD_HANDLER for s in ("http", "https") if s not in own}
@@ -68,16 +112,9 @@ class Addon:
                          priority=_at_least_addon(settings, "DOWNLOAD_HANDLERS"))
 
     @staticmethod
-    def _size_concurrency(settings: BaseSettings) -> None:
-        try:
-            exits = len(read_exits(settings, warn=False))  # gateway templates expanded
-        except ValueError:
-            return  # the middleware reports bad configuration with the setting's name
-        if not exits or not settings.getbool("EXITLIMIT_ENABLED", True):
-            return
+    def _size_concurrency(settings: BaseSettings, exits: int) -> None:
         per_exit = _int(settings.get("EXITLIMIT_CONCURRENCY"), DEFAULT_CONCURRENCY)
-        capacity = exits * per_exit
-        wanted = capacity + max(PARKING_ROOM, exits)
+        capacity, wanted = pool_capacity(exits, per_exit)
         if not _user_set(settings, "CONCURRENT_REQUESTS"):
             settings.set("CONCURRENT_REQUESTS", wanted, priority="addon")
         elif settings.getint("CONCURRENT_REQUESTS") < capacity:
@@ -85,6 +122,13 @@ class Addon:
                 "CONCURRENT_REQUESTS (%d) is below the pool's capacity (%d exits x "
                 "EXITLIMIT_CONCURRENCY %d = %d): some exits will sit idle; consider %d",
                 settings.getint("CONCURRENT_REQUESTS"), exits, per_exit, capacity, wanted)
+
+
+def pool_capacity(exits: int, per_exit: int) -> tuple[int, int]:
+    """``(capacity, CONCURRENT_REQUESTS to use)``: the pool's in-flight capacity, plus room
+    for the requests parked here, which count against CONCURRENT_REQUESTS too."""
+    capacity = exits * per_exit
+    return capacity, capacity + max(PARKING_ROOM, exits)
 
 
 def _int(value: Any, default: int) -> int:

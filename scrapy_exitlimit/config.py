@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from scrapy.exceptions import NotConfigured
+from scrapy.settings import SETTINGS_PRIORITIES
 
 from .core import Exit, Limits, Tuning, mask_url, parse_exit_list, parse_sessions
-from .core.exits import SESSION_FIELD, is_template
+from .core.exits import SESSION_FIELD, is_template, with_scheme
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +58,25 @@ def _short(raw: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+class NoExits(ValueError):
+    """The package is on (EXITLIMIT_ENABLED) but EXITLIMIT_EXITS names no exit: crawling
+    on would send every request from this machine's own address, so the crawl stops."""
+
+
+def _is_url_list(text: str) -> bool:
+    words = text.replace(",", "\n").split()
+    return bool(words) and all("://" in w or with_scheme(w) != w for w in words)
+
+
 def read_exit_urls(value: Any, name: str = "EXITLIMIT_EXITS") -> list[str]:
-    """A list of proxy URLs, a comma/newline separated string of them, or a file path."""
-    if value is None or value == "":
+    """A list of proxy URLs, a comma/newline separated string of them, or a file path.
+
+    ``host:port`` entries are left as they are (:func:`core.exits.with_scheme` reads
+    them as ``http://host:port``)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return []
     if isinstance(value, str):
-        if "://" in value:
+        if "://" in value or (_is_url_list(value) and not _is_file(value)):
             return [u for u in value.replace(",", "\n").split() if u]
         try:
             path = Path(value).expanduser()
@@ -73,6 +89,116 @@ def read_exit_urls(value: Any, name: str = "EXITLIMIT_EXITS") -> list[str]:
     if isinstance(value, (list, tuple)):
         return [str(u) for u in value]
     raise ValueError(f"{name} must be a list of proxy URLs or a path, got {type(value).__name__}")
+
+
+def _is_file(value: str) -> bool:
+    try:
+        return Path(value).expanduser().is_file()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def setting_source(settings: Any, name: str) -> str:
+    """Where a setting's value came from, in words (``project settings``, ...)."""
+    priority = settings.getpriority(name) if hasattr(settings, "getpriority") else None
+    if priority is None:
+        return "not set"
+    names = {v: k for k, v in SETTINGS_PRIORITIES.items()}
+    words = {"default": "Scrapy's defaults", "command": "the command's defaults",
+             "addon": "an add-on", "project": "the project settings (or a SCRAPY_ variable)",
+             "spider": "the spider's custom_settings", "cmdline": "the command line (-s)"}
+    label = names.get(priority)
+    return words.get(label, f"settings at priority {priority}") if label else \
+        f"settings at priority {priority}"
+
+
+def describe_exits_source(settings: Any) -> str:
+    """What EXITLIMIT_EXITS was and where it came from, without its contents (they may
+    hold credentials): ``an empty list, from the spider's custom_settings``."""
+    value = settings.get("EXITLIMIT_EXITS")
+    if value is None:
+        return "not set (in no settings file, custom_settings or -s option)"
+    if isinstance(value, str) and not value.strip():
+        what = "an empty string (an empty environment variable?)"
+    elif isinstance(value, str) and "://" not in value and _is_file(value):
+        what = f"the file {value!r}, which has no exit lines (only blanks or # comments)"
+    elif isinstance(value, (list, tuple)) and not value:
+        what = "an empty list"
+    else:
+        what = f"a {type(value).__name__} with no exit in it (only blanks or # comments)"
+    return f"{what}, from {setting_source(settings, 'EXITLIMIT_EXITS')}"
+
+
+def no_exits_error(settings: Any) -> NoExits:
+    return NoExits(
+        f"EXITLIMIT_EXITS is {describe_exits_source(settings)}: with no exits every request "
+        "would leave from this machine's own address, so the crawl stops before its first "
+        "request. Give the proxy URLs to crawl through, or set EXITLIMIT_ENABLED = False "
+        "to crawl without scrapy_exitlimit.")
+
+
+#: where the id key lives when EXITLIMIT_ID_KEY is unset (created once, mode 0600)
+ID_KEY_FILE = "scrapy-exitlimit/id-key"
+_process_key: bytes | None = None
+
+
+def id_key_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / ID_KEY_FILE
+
+
+def id_key(settings: Any) -> bytes:
+    """The key exit ids are an HMAC under (see core/exits.py).
+
+    ``EXITLIMIT_ID_KEY`` when set: give every process of a deployment the same one, and
+    ids agree across machines. Otherwise a random key kept in
+    ``$XDG_CONFIG_HOME/scrapy-exitlimit/id-key`` (``~/.config/...``), created at first use:
+    ids agree across the runs and processes of one machine user. If it cannot be read or
+    created, a key drawn for this process only (ids then change from run to run).
+    """
+    value = settings.get("EXITLIMIT_ID_KEY")
+    if value not in (None, ""):
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "surrogateescape")
+        if not isinstance(value, str) or len(value.strip()) < 16:
+            raise ValueError("EXITLIMIT_ID_KEY must be a string of at least 16 characters "
+                             "(make one with openssl rand -hex 16)")
+        return value.strip().encode("utf-8", "surrogateescape")
+    return _key_from_file()
+
+
+def _key_from_file() -> bytes:
+    global _process_key
+    path = id_key_path()
+    try:
+        key = path.read_bytes().strip()
+        if len(key) >= 16:
+            return key
+    except OSError:
+        pass
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        try:
+            os.link(tmp, path)  # atomic, and never over a key another process just made
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+        key = path.read_bytes().strip()
+        if len(key) >= 16:
+            return key
+    except OSError as exc:
+        if _process_key is None:
+            logger.warning("scrapy_exitlimit: cannot keep the exit id key in %s (%s): ids of "
+                           "exits with credentials will differ between runs; set "
+                           "EXITLIMIT_ID_KEY", path, exc.strerror or exc)
+    if _process_key is None:
+        _process_key = os.urandom(32)
+    return _process_key
 
 
 def read_exits(settings: Any, *, warn: bool = True) -> list[Exit]:
@@ -92,9 +218,12 @@ def read_exits(settings: Any, *, warn: bool = True) -> list[Exit]:
         logger.warning("EXITLIMIT_SESSIONS is set but no EXITLIMIT_EXITS entry has "
                        "%s: it is ignored", SESSION_FIELD)
     try:
-        return parse_exit_list(urls, sessions)
+        return parse_exit_list(urls, sessions, key=id_key(settings))
     except ValueError as exc:
-        raise ValueError(f"EXITLIMIT_EXITS: {exc}") from None
+        if str(exc).startswith("EXITLIMIT_"):
+            raise
+        sep = " " if str(exc).startswith("entry #") else ": "
+        raise ValueError(f"EXITLIMIT_EXITS{sep}{exc}") from None
 
 
 def _overrides(settings: Any, name: str, allowed: set[str]) -> dict[str, dict[str, Any]]:
@@ -179,14 +308,15 @@ class ExitLimitConfig:
 
     @classmethod
     def from_settings(cls, settings: Any) -> ExitLimitConfig:
-        if not settings.getbool("EXITLIMIT_ENABLED", True):
-            raise NotConfigured
+        if not read_bool(settings, "EXITLIMIT_ENABLED", True):
+            raise NotConfigured("EXITLIMIT_ENABLED is False")
         exits = read_exits(settings)
         if not exits:
-            raise NotConfigured("EXITLIMIT_EXITS is empty: give the proxy URLs to crawl through")
+            raise no_exits_error(settings)
+        check_other_settings(settings)
         ids_by_url = {ex.url: ex.id for ex in exits}
         exit_overrides = {
-            ids_by_url.get(key, key): spec
+            ids_by_url.get(with_scheme(key), key): spec
             for key, spec in _overrides(settings, "EXITLIMIT_EXIT_SETTINGS",
                                         {"rate", "burst", "concurrency"}).items()
         }
@@ -219,6 +349,12 @@ class ExitLimitConfig:
         backend = settings.get("EXITLIMIT_BACKEND") or "memory"
         if not isinstance(backend, str):
             backend = f"{backend.__module__}.{backend.__qualname__}"
+        if backend != "memory" and settings.get("EXITLIMIT_ID_KEY") in (None, "") \
+                and any(ex.has_credentials for ex in exits):
+            logger.warning("EXITLIMIT_BACKEND is %s but EXITLIMIT_ID_KEY is not set: the ids "
+                           "of exits with credentials come from %s, so processes on other "
+                           "machines (other keys) will not share those exits' state; give "
+                           "every process the same EXITLIMIT_ID_KEY", backend, id_key_path())
         header = settings.get("EXITLIMIT_EXIT_IP_HEADER") or None
         if header is not None and (not isinstance(header, str) or not header.strip()
                                    or any(c in header for c in " :\r\n")):
@@ -229,8 +365,8 @@ class ExitLimitConfig:
             exits=exits,
             limits=limits,
             tuning=tuning,
-            stats_per_exit=settings.getbool("EXITLIMIT_STATS_PER_EXIT", False),
-            debug=settings.getbool("EXITLIMIT_DEBUG", False),
+            stats_per_exit=read_bool(settings, "EXITLIMIT_STATS_PER_EXIT", False),
+            debug=read_bool(settings, "EXITLIMIT_DEBUG", False),
             lease_timeout=settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 60,
             policy=policy,
             **glue,
@@ -239,3 +375,70 @@ class ExitLimitConfig:
             raise ValueError(f"EXITLIMIT_COOLDOWN_MIN ({config.cooldown_min}) must not exceed "
                              f"EXITLIMIT_COOLDOWN_MAX ({config.cooldown_max})")
         return config
+
+
+def read_bool(settings: Any, name: str, default: bool) -> bool:
+    """Scrapy's getbool, with an error that names the setting."""
+    try:
+        return settings.getbool(name, default)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} ({_short(settings.get(name))}) must be True or False") \
+            from None
+
+
+#: every setting this package reads (the README's table; the config fuzzer covers them all)
+SETTINGS = (
+    "EXITLIMIT_ENABLED", "EXITLIMIT_EXITS", "EXITLIMIT_SESSIONS", "EXITLIMIT_ID_KEY",
+    "EXITLIMIT_RATE", "EXITLIMIT_BURST", "EXITLIMIT_CONCURRENCY", "EXITLIMIT_ORIGIN_RATE",
+    "EXITLIMIT_ORIGIN_BURST", "EXITLIMIT_ORIGIN_SETTINGS", "EXITLIMIT_EXIT_SETTINGS",
+    *(name for name, *_ in _TUNING.values()), *(name for name, *_ in _GLUE.values()),
+    "EXITLIMIT_POLICY", "EXITLIMIT_DEBUG", "EXITLIMIT_STATS_PER_EXIT",
+    "EXITLIMIT_EXIT_IP_HEADER", "EXITLIMIT_TELEMETRY", "EXITLIMIT_PROMETHEUS_PORT",
+    "EXITLIMIT_PROMETHEUS_ADDR", "EXITLIMIT_BACKEND", "EXITLIMIT_REDIS_URL",
+    "EXITLIMIT_REDIS_PREFIX", "EXITLIMIT_REDIS_TIMEOUT", "EXITLIMIT_REDIS_ON_ERROR",
+)
+
+#: short names EXITLIMIT_BACKEND takes besides a class path (backends.ALIASES)
+BACKEND_NAMES = ("memory", "redis")
+_CLASS_PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+")
+
+
+def check_other_settings(settings: Any) -> None:
+    """Settings read elsewhere (backends, telemetry, metrics), checked at start with
+    errors that name them, before any component reads them."""
+    backend = settings.get("EXITLIMIT_BACKEND")
+    if isinstance(backend, str) and backend and backend not in BACKEND_NAMES \
+            and not _CLASS_PATH.fullmatch(backend):
+        hint = (f" (did you mean {backend.strip().lower()!r}?)"
+                if backend.strip().lower() in BACKEND_NAMES else "")
+        raise ValueError(f"EXITLIMIT_BACKEND ({_short(backend)}) must be 'memory', 'redis' or "
+                         f"the path of a Backend class (mypackage.backends.MyBackend){hint}")
+    if backend not in (None, "") and not isinstance(backend, (str, type)):
+        raise ValueError(f"EXITLIMIT_BACKEND ({_short(backend)}) must be 'memory', 'redis' or "
+                         "a Backend class or its path")
+    policy = settings.get("EXITLIMIT_POLICY")
+    if policy not in (None, "") and not isinstance(policy, (str, type)):
+        raise ValueError(f"EXITLIMIT_POLICY ({_short(policy)}) must be a ResponsePolicy "
+                         "subclass or its path")
+    _number(settings, "EXITLIMIT_REDIS_TIMEOUT", minimum=0, strict=True, optional=True)
+    on_error = settings.get("EXITLIMIT_REDIS_ON_ERROR")
+    if on_error not in (None, "") and on_error not in ("local", "pause"):
+        raise ValueError(f"EXITLIMIT_REDIS_ON_ERROR ({_short(on_error)}) must be 'local' "
+                         "or 'pause'")
+    for name in ("EXITLIMIT_REDIS_URL", "EXITLIMIT_REDIS_PREFIX", "EXITLIMIT_PROMETHEUS_ADDR"):
+        value = settings.get(name)
+        if value not in (None, "") and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+    prefix = settings.get("EXITLIMIT_REDIS_PREFIX")
+    if isinstance(prefix, str) and ("{" in prefix or "}" in prefix):
+        raise ValueError(f"EXITLIMIT_REDIS_PREFIX ({_short(prefix)}) must not contain braces")
+    port = settings.get("EXITLIMIT_PROMETHEUS_PORT")
+    if port not in (None, ""):
+        number = _number(settings, "EXITLIMIT_PROMETHEUS_PORT", integer=True, minimum=0)
+        if number > 65535:
+            raise ValueError(f"EXITLIMIT_PROMETHEUS_PORT ({_short(port)}) must be a port "
+                             "number (0-65535)")
+    telemetry = settings.get("EXITLIMIT_TELEMETRY")
+    if telemetry not in (None, "") and not isinstance(telemetry, (str, os.PathLike)):
+        raise ValueError(f"EXITLIMIT_TELEMETRY must be a file path, got "
+                         f"{type(telemetry).__name__}")

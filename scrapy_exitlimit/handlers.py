@@ -14,6 +14,13 @@ drawn at random per handler, so the digest is not a stable fingerprint of the se
 is added. Plain-HTTP, CONNECT and direct requests all go through it; a request without
 the header keeps Scrapy's key. The add-on installs it for ``http`` and ``https`` unless
 you set your own handler for the scheme.
+
+It is also the last place a request passes before the network, so it checks there that
+a request :class:`~scrapy_exitlimit.middleware.ExitLimitMiddleware` handled still goes
+through the proxy it was given (another middleware may have dropped or changed
+``meta['proxy']``, or its credentials): if not, the request fails with
+:class:`ProxyLost` (stat ``exitlimit/proxy_lost``) and nothing is sent.
+``dont_exitlimit`` requests are not checked: their proxy is your business.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from scrapy.utils._download_handlers import get_dataloss_msg, wrap_twisted_excep
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.deprecate import warn_on_deprecated_spider_attribute
 
+from .failclosed import EXPECTED_PROXY_KEY, PROXY_LOST_STAT, ProxyLost, proxy_problem
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -39,7 +48,7 @@ if TYPE_CHECKING:
     from twisted.internet.interfaces import IStreamClientEndpoint
     from twisted.web.client import HTTP11ClientProtocol, HTTPConnectionPool
 
-__all__ = ["CredentialKeyedDownloadHandler", "pool_key"]
+__all__ = ["CredentialKeyedDownloadHandler", "ProxyLost", "pool_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +93,7 @@ class CredentialKeyedDownloadHandler(HTTP11DownloadHandler):
         self._key_secret = os.urandom(32)
 
     async def download_request(self, request: Request) -> Response:
+        self._check_proxy(request)
         # Scrapy 2.19's HTTP11DownloadHandler.download_request, but for the pool argument.
         spider = self._crawler.spider
         if hasattr(spider, "download_maxsize"):  # pragma: no cover
@@ -109,3 +119,18 @@ class CredentialKeyedDownloadHandler(HTTP11DownloadHandler):
                 logger.warning(get_dataloss_msg(request.url))
                 self._fail_on_dataloss_warned = True
             raise
+
+    def _check_proxy(self, request: Request) -> None:
+        """Fail closed: a request of ours goes out through its exit or not at all."""
+        expected = request.meta.get(EXPECTED_PROXY_KEY)
+        if expected is None:
+            return
+        problem = proxy_problem(request, expected)
+        if problem is None:
+            return
+        stats = self._crawler.stats
+        if stats is not None:
+            stats.inc_value(PROXY_LOST_STAT)
+        logger.error("scrapy_exitlimit: not sending %s: %s after ExitLimitMiddleware "
+                     "(a downloader middleware ordered after it?)", request, problem)
+        raise ProxyLost(f"not sent: {problem} after ExitLimitMiddleware")

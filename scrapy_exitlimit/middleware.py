@@ -23,10 +23,12 @@ from .backends import load_backend
 from .config import ExitLimitConfig
 from .core import Event, Lease, bounded_cooldown, parse_retry_after
 from .core.ratelimit_headers import parse_ratelimit
+from .failclosed import EXPECTED_PROXY_KEY
 from .policy import ResponsePolicy, Signal
 from .progress import Snapshot
 from .prometheus import PrometheusMetrics
 from .telemetry import Telemetry
+from .wiring import check_wiring
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -38,7 +40,8 @@ LEASE_KEY = "_exitlimit_lease"
 #: meta key carrying what the answer meant from the wire to process_response
 SIGNAL_KEY = "_exitlimit_signal"
 #: meta keys this middleware writes; cleared on every re-issue
-OWN_KEYS = (LEASE_KEY, SIGNAL_KEY, "exitlimit_exit", "exitlimit_wait", "proxy", "download_slot")
+OWN_KEYS = (LEASE_KEY, SIGNAL_KEY, "exitlimit_exit", "exitlimit_wait", "proxy", "download_slot",
+            EXPECTED_PROXY_KEY)
 CLOSE_WATCH_INTERVAL = 0.2
 #: how often idle pair and origin state is dropped (seconds)
 FORGET_EVERY = 60.0
@@ -127,7 +130,9 @@ class ExitLimitMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ExitLimitMiddleware:
-        return cls(crawler, ExitLimitConfig.from_settings(crawler.settings))
+        config = ExitLimitConfig.from_settings(crawler.settings)
+        check_wiring(crawler, len(config.exits), config.limits.concurrency)
+        return cls(crawler, config)
 
     # -- lifecycle ---------------------------------------------------------
     def _spider_opened(self, spider: Any = None) -> None:
@@ -300,6 +305,7 @@ class ExitLimitMiddleware:
         meta["exitlimit_exit"] = exit_.id
         meta["exitlimit_wait"] = got.admitted_at - parked_at
         meta["proxy"] = exit_.url
+        meta[EXPECTED_PROXY_KEY] = (exit_.address, exit_.has_credentials)  # handlers.py checks
         meta["download_slot"] = self._slot_for(exit_.id)
         meta["autothrottle_dont_adjust_delay"] = True
         return None

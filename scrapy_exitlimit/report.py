@@ -1,4 +1,4 @@
-"""Read an ``EXITLIMIT_TELEMETRY`` file back: a text summary, and a plot per exit.
+"""Read an ``EXITLIMIT_TELEMETRY`` file back: a text summary, and a plot of the crawl.
 
 ::
 
@@ -197,64 +197,309 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot(records: Sequence[Record], out_png: str | Path,
-         max_exits: int = MAX_PLOTTED_EXITS) -> list[str]:
-    """One subplot per exit (the busiest ``max_exits``): admissions per 1 s bin,
-    each pair's rate as a step line, 429 answers as red x. Returns the exits plotted."""
-    plt = _pyplot()
-    admits: dict[str, list[Record]] = defaultdict(list)
-    rejected: dict[str, list[float]] = defaultdict(list)
-    for rec in records:
-        if rec["ev"] == ADMIT:
-            admits[str(rec.get("exit"))].append(rec)
-        elif rec["ev"] == RESPONSE and rec.get("status") == 429:
-            rejected[str(rec.get("exit"))].append(rec["t"])
-    ranked = sorted(set(admits) | set(rejected), key=lambda e: (-len(admits[e]), e))
-    shown, rest = ranked[:max_exits], ranked[max_exits:]
-    t0 = min((r["t"] for r in records), default=0.0)
-    end = max((r["t"] for r in records), default=t0) - t0
-    nbins = max(1, int(end // BIN) + 1)
+#: kinds of trouble, as the plot marks them: (marker, colour, what it is)
+EVENT_MARKS: dict[str, tuple[str, str, str]] = {
+    "429": ("x", "#d62728", "429 (pair cooling down)"),
+    "ban": ("s", "#000000", "ban (403 / block page)"),
+    "eviction": ("v", "#9467bd", "exit evicted (proxy faults)"),
+    "breaker": ("D", "#ff7f0e", "circuit breaker open"),
+    "fault": ("+", "#8c564b", "proxy fault"),
+    "503": ("^", "#1f77b4", "503 (origin overloaded)"),
+}
+#: adjust kinds (telemetry ``kind``) and response signals that are trouble, by mark
+_ADJUST_MARKS = {"pair_banned": "ban", "evicted": "eviction", "breaker_open": "breaker"}
+_SIGNAL_MARKS = {"proxy_fault": "fault", "overloaded": "503"}
+#: above this many exits, the plot adds a heat map of the whole pool
+HEATMAP_ABOVE = 12
+#: most time columns in the heat map (columns widen for long crawls, so that a slow
+#: exit's rate is a colour, not a comb of 0s and 1s)
+HEATMAP_COLUMNS = 60
 
-    rows = max(1, len(shown))
-    fig, axes = plt.subplots(rows, 1, figsize=(10, 1.0 + 2.0 * rows), sharex=True,
-                             squeeze=False)
-    for ax, exit_id in zip(axes[:, 0], shown, strict=False):
-        counts = [0] * nbins
-        rate_lines: dict[str, tuple[list[float], list[float]]] = {}
-        for rec in sorted(admits[exit_id], key=lambda r: r["t"]):
-            x = rec["t"] - t0
-            counts[min(nbins - 1, int(x // BIN))] += 1
+
+@dataclass
+class ExitTrack:
+    """What the plot draws for one exit."""
+
+    admits: list[tuple[float, str, float | None]] = field(default_factory=list)
+    marks: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    last_seen: float = -math.inf
+
+    @property
+    def trouble(self) -> tuple[int, int]:
+        """(kinds of trouble, trouble events): what ranks an exit ahead of busier ones."""
+        return sum(1 for ts in self.marks.values() if ts), sum(map(len, self.marks.values()))
+
+
+def tracks(records: Iterable[Record]) -> dict[str, ExitTrack]:
+    """Per exit: admissions ``(t, origin, pair rate)``, trouble marks by kind, last record."""
+    out: dict[str, ExitTrack] = defaultdict(ExitTrack)
+    for rec in records:
+        exit_id = rec.get("exit")
+        if exit_id is None:
+            continue
+        track = out[str(exit_id)]
+        t = rec["t"]
+        track.last_seen = max(track.last_seen, t)
+        ev = rec["ev"]
+        if ev == ADMIT:
             rate = rec.get("rate")
-            if _is_number(rate):
-                xs, ys = rate_lines.setdefault(str(rec.get("origin")), ([], []))
-                xs.append(x)
-                ys.append(rate)
-        edges = [i * BIN for i in range(nbins + 1)]
-        ax.stairs([c / BIN for c in counts], edges, fill=True, alpha=0.35,
-                  label="admitted r/s")
-        for origin, (xs, ys) in rate_lines.items():
-            label = "pair rate" if len(rate_lines) == 1 else f"rate {origin}"
-            ax.step([*xs, edges[-1]], [*ys, ys[-1]], where="post", linewidth=1.2,
-                    label=label)
-        if rejected[exit_id]:
-            xs = [t - t0 for t in rejected[exit_id]]
-            ys = [counts[min(nbins - 1, int(x // BIN))] / BIN for x in xs]
-            ax.plot(xs, ys, "x", color="red", markersize=6, label="429")
-        ax.set_title(exit_id, fontsize=9, loc="left")
-        ax.set_ylabel("r/s")
-        ax.margins(y=0.15)
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7, loc="upper right")
-    if not shown:
-        axes[0, 0].set_title("no admissions recorded")
-    axes[-1, 0].set_xlabel("seconds since start")
-    if rest:
-        fig.suptitle(f"{len(shown)} busiest of {len(ranked)} exits; not shown: "
-                     f"{', '.join(rest[:5])}{' ...' if len(rest) > 5 else ''}", fontsize=9)
-    fig.tight_layout()
+            track.admits.append((t, str(rec.get("origin")), rate if _is_number(rate) else None))
+        elif ev == RESPONSE:
+            if rec.get("status") == 429:
+                track.marks["429"].append(t)
+            elif (kind := _SIGNAL_MARKS.get(str(rec.get("signal")))) is not None:
+                track.marks[kind].append(t)
+        elif ev == ADJUST and (kind := _ADJUST_MARKS.get(str(rec.get("kind")))) is not None:
+            track.marks[kind].append(t)
+    return dict(out)
+
+
+#: trouble that takes an exit out of the pool (for an origin, or everywhere)
+_SEVERE = ("ban", "eviction", "breaker")
+
+
+def rank_exits(by_exit: dict[str, ExitTrack]) -> list[str]:
+    """Trouble first: most kinds of trouble, then bans / evictions / breakers, then most
+    trouble events; then the busiest."""
+    def key(exit_id: str) -> tuple[int, int, int, int, str]:
+        track = by_exit[exit_id]
+        kinds, events = track.trouble
+        severe = sum(len(track.marks.get(kind, ())) for kind in _SEVERE)
+        return (-kinds, -severe, -events, -len(track.admits), exit_id)
+
+    return sorted(by_exit, key=key)
+
+
+def pick_exits(by_exit: dict[str, ExitTrack], ranked: list[str], room: int) -> list[str]:
+    """``room`` exits to draw in detail, taken in turn from each kind of trouble there was
+    (the set of marks an exit has: banned, evicted and faulty, cooling down, ..., clean),
+    each kind in ``ranked`` order: a pool whose hundred dead sessions top the ranking
+    still shows its banned, slow and healthy exits."""
+    groups: dict[frozenset[str], list[str]] = {}
+    for exit_id in ranked:
+        signature = frozenset(k for k, ts in by_exit[exit_id].marks.items() if ts)
+        groups.setdefault(signature, []).append(exit_id)
+    picked: list[str] = []
+    queues = [list(reversed(group)) for group in groups.values()]
+    while len(picked) < room and any(queues):
+        for queue in queues:
+            if queue and len(picked) < room:
+                picked.append(queue.pop())
+    order = {e: i for i, e in enumerate(ranked)}
+    return sorted(picked, key=order.__getitem__)
+
+
+def pool_rates(records: Iterable[Record]) -> dict[str, tuple[list[float], list[float]]]:
+    """Learned rates wider than a pair, by label: ``origin rate <origin>`` from any record
+    with a numeric ``origin_rate`` (or an ``adjust`` of kind ``origin_rate`` with a numeric
+    ``rate`` / ``value``), ``scope <name>`` from a numeric ``scope_rate``. Records without
+    them (older telemetry) give nothing."""
+    lines: dict[str, tuple[list[float], list[float]]] = {}
+
+    def add(label: str, t: float, value: Any) -> None:
+        if _is_number(value):
+            xs, ys = lines.setdefault(label, ([], []))
+            xs.append(t)
+            ys.append(float(value))
+
+    for rec in sorted(records, key=lambda r: r["t"]):
+        origin = rec.get("origin")
+        add(f"origin rate {origin}", rec["t"], rec.get("origin_rate"))
+        if rec["ev"] == ADJUST and rec.get("kind") == "origin_rate":
+            add(f"origin rate {origin}", rec["t"],
+                rec.get("rate") if _is_number(rec.get("rate")) else rec.get("value"))
+        if "scope_rate" in rec:
+            add(f"scope {rec.get('scope')}", rec["t"], rec.get("scope_rate"))
+    return lines
+
+
+def plot(records: Sequence[Record], out_png: str | Path,
+         max_exits: int = MAX_PLOTTED_EXITS, title: str | None = None) -> list[str]:
+    """Draw the crawl; returns the exits drawn in detail.
+
+    - above :data:`HEATMAP_ABOVE` exits, a heat map of the whole pool: one row per exit
+      (trouble first), colour = admissions per second, marks for 429s, bans, evictions;
+    - the pool: admissions per second over all exits, and the learned origin-wide and
+      scope rates when the telemetry has them;
+    - one panel per exit for up to ``max_exits`` exits, trouble first (429s, bans,
+      evictions, breakers, faults), then the busiest; how many were left out is said
+      on the figure. Panels share one y scale; an exit's lines stop when it was last
+      seen (banned, evicted, or the crawl ended); every kind of event has its marker.
+    """
+    plt = _pyplot()
+    by_exit = tracks(records)
+    ranked = rank_exits(by_exit)
+    shown = pick_exits(by_exit, ranked, max_exits)
+    rest = [e for e in ranked if e not in set(shown)]
+    t0 = min((r["t"] for r in records), default=0.0)
+    end = max(BIN, max((r["t"] for r in records), default=t0) - t0)
+    heat = len(ranked) > HEATMAP_ABOVE
+    # a large pool's exits are slow each: their bars use the heat map's columns
+    width = _column_width(by_exit, end) if heat else BIN
+    nbins = max(1, math.ceil(end / width))
+    edges = [i * width for i in range(nbins + 1)]
+
+    cols = 2 if len(shown) > 6 else 1
+    detail_rows = max(1, math.ceil(len(shown) / cols))
+    heights = ([6.0] if heat else []) + [2.2, 0.25] + [1.5] * detail_rows
+    fig = plt.figure(figsize=(7 * cols if cols == 2 else 11, sum(heights) + 1.4))
+    grid = fig.add_gridspec(len(heights), cols, height_ratios=heights, hspace=0.55,
+                            wspace=0.12)
+    row = 0
+    if heat:
+        _heatmap(plt, fig, fig.add_subplot(grid[row, :]), by_exit, ranked, t0, end, width)
+        row += 1
+    pool_ax = fig.add_subplot(grid[row, :])
+    _pool_panel(pool_ax, by_exit, records, t0, _edges(end, BIN))
+    spacer = fig.add_subplot(grid[row + 1, :])
+    spacer.axis("off")
+    row += 2
+
+    detail = [fig.add_subplot(grid[row + i // cols, i % cols]) for i in range(len(shown))]
+    counts = {e: _binned([t - t0 for t, _, _ in by_exit[e].admits], nbins, width)
+              for e in shown}
+    top = max([max(c) for c in counts.values()] + [r for e in shown
+              for _, _, r in by_exit[e].admits if r is not None] + [0.1])
+    for i, (ax, exit_id) in enumerate(zip(detail, shown, strict=True)):
+        _exit_panel(ax, by_exit[exit_id], exit_id, counts[exit_id], edges, t0, end, width)
+        ax.set_ylim(0, top * 1.15)  # one scale for every exit
+        if i % cols:
+            ax.tick_params(labelleft=False)
+        else:
+            ax.set_ylabel("r/s")
+        if i < len(shown) - cols:
+            ax.tick_params(labelbottom=False)
+        else:
+            ax.set_xlabel("seconds since start")
+    left_out = (f"; {len(rest)} left out (all of them: the text report)" if rest
+                else "; none left out")
+    spacer.text(0, 0, f"exits in detail: {len(shown)} of {len(ranked)}, trouble first (each "
+                f"kind of trouble, then bans, evictions, 429s), then busiest{left_out}",
+                transform=spacer.transAxes, fontsize=9, fontweight="bold", va="bottom")
+    handles = [plt.Rectangle((0, 0), 1, 1, alpha=0.35, color="C0", label="admitted r/s"),
+               plt.Line2D([], [], color="C1", label="pair rate"),
+               *[plt.Line2D([], [], linestyle="", marker=m, color=c, label=label,
+                            markersize=7) for m, c, label in EVENT_MARKS.values()]]
+    fig.legend(handles=handles, loc="upper center", ncol=4, fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, 1 - 0.45 / fig.get_figheight()))
+    fig.suptitle(title or f"{len(ranked)} exits over {end:.0f} s", fontsize=11,
+                 y=1 - 0.12 / fig.get_figheight())
+    fig.subplots_adjust(top=1 - 1.2 / fig.get_figheight(), bottom=0.5 / fig.get_figheight(),
+                        left=0.07, right=0.98)
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
     return shown
+
+
+def _edges(end: float, width: float) -> list[float]:
+    return [i * width for i in range(max(1, math.ceil(end / width)) + 1)]
+
+
+def _binned(xs: Sequence[float], nbins: int, width: float = BIN) -> list[float]:
+    counts = [0] * nbins
+    for x in xs:
+        counts[min(nbins - 1, max(0, int(x // width)))] += 1
+    return [c / width for c in counts]
+
+
+#: y position (axes fraction) of each kind's row of marks in an exit's panel
+_MARK_ROWS = {kind: 0.93 - 0.085 * i for i, kind in enumerate(EVENT_MARKS)}
+
+
+def _exit_panel(ax: Any, track: ExitTrack, exit_id: str, counts: list[float],
+                edges: list[float], t0: float, end: float, width: float) -> None:
+    gone = track.last_seen - t0
+    last_bin = min(len(counts), int(gone // width) + 1)
+    ax.stairs(counts[:last_bin], edges[:last_bin + 1], fill=True, alpha=0.35, color="C0")
+    lines: dict[str, tuple[list[float], list[float]]] = {}
+    for t, origin, rate in track.admits:
+        if rate is not None:
+            xs, ys = lines.setdefault(origin, ([], []))
+            xs.append(t - t0)
+            ys.append(rate)
+    for origin, (xs, ys) in lines.items():
+        ax.step([*xs, gone], [*ys, ys[-1]], where="post", linewidth=1.2,
+                color="C1" if len(lines) == 1 else None, label=f"rate {origin}")
+    if len(lines) > 1:
+        ax.legend(fontsize=6, loc="upper right")
+    transform = ax.get_xaxis_transform()
+    for kind, times in track.marks.items():
+        marker, colour, _ = EVENT_MARKS[kind]
+        ax.plot([t - t0 for t in times], [_MARK_ROWS[kind]] * len(times), linestyle="",
+                marker=marker, color=colour, markersize=5, transform=transform)
+    if gone < end - 2 * BIN:
+        ax.axvline(gone, color="#999999", linewidth=0.8, linestyle=":")
+    trouble = ", ".join(f"{len(ts)} {k}" for k, ts in track.marks.items() if ts)
+    parts = [f"{len(track.admits)} admitted"] + ([trouble] if trouble else [])
+    if gone < end - 2 * BIN:
+        parts.append(f"last seen at {gone:.0f} s")
+    ax.set_title(f"{exit_id}  ({', '.join(parts)})", fontsize=8, loc="left")
+    ax.set_xlim(0, end)
+
+
+def _pool_panel(ax: Any, by_exit: dict[str, ExitTrack], records: Sequence[Record],
+                t0: float, edges: list[float]) -> None:
+    nbins = len(edges) - 1
+    everything = [t - t0 for track in by_exit.values() for t, _, _ in track.admits]
+    ax.stairs(_binned(everything, nbins), edges, fill=True, alpha=0.35, color="#2ca02c",
+              label="admitted r/s, whole pool")
+    for label, (xs, ys) in pool_rates(records).items():
+        ax.step([x - t0 for x in xs] + [edges[-1]], [*ys, ys[-1]], where="post",
+                linewidth=1.4, label=f"learned {label}")
+    ax.set_xlim(0, edges[-1])
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("r/s")
+    ax.set_xlabel("seconds since start", fontsize=8)
+    ax.set_title("the pool", fontsize=9, loc="left", fontweight="bold")
+    ax.legend(fontsize=7, loc="upper right")
+
+
+def _column_width(by_exit: dict[str, ExitTrack], end: float) -> float:
+    """Seconds per heat-map column: wide enough for a request or two of a typical exit (a
+    rate is a colour, not a comb of 0s and 1s), at most :data:`HEATMAP_COLUMNS` columns,
+    at least 16."""
+    rates = sorted(len(t.admits) / max(BIN, t.admits[-1][0] - t.admits[0][0])
+                   for t in by_exit.values() if len(t.admits) > 1)
+    typical = rates[len(rates) // 2] if rates else 1.0
+    width = max(end / HEATMAP_COLUMNS, 1.5 / typical)
+    width = min(width, max(BIN, end / 16))
+    return max(BIN, math.ceil(width / BIN) * BIN)
+
+
+def _heatmap(plt: Any, fig: Any, ax: Any, by_exit: dict[str, ExitTrack], ranked: list[str],
+             t0: float, end: float, width: float) -> None:
+    ncols = max(1, math.ceil(end / width))
+    matrix = []
+    for exit_id in ranked:
+        track = by_exit[exit_id]
+        row = _binned([t - t0 for t, _, _ in track.admits], ncols, width)
+        gone = int((track.last_seen - t0) // width) + 1
+        matrix.append([v if i < gone else math.nan for i, v in enumerate(row)])
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#e6e6e6")  # after it was last seen
+    image = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap=cmap,
+                      extent=(0, ncols * width, len(ranked), 0))
+    size = 30 if len(ranked) <= 50 else 8 if len(ranked) <= 300 else 4
+    for kind in ("429", "ban", "eviction", "breaker", "fault"):
+        marker, colour, _ = EVENT_MARKS[kind]
+        xs, ys = [], []
+        for y, exit_id in enumerate(ranked):
+            times = by_exit[exit_id].marks.get(kind, ())
+            # one mark per exit and cell: 1,000 exits' 429s stay readable
+            for col in sorted({int((t - t0) // width) for t in times}):
+                xs.append((col + 0.5) * width)
+                ys.append(y + 0.5)
+        if xs:
+            ax.scatter(xs, ys, marker=marker, s=size, c=colour if marker in "x+" else "none",
+                       edgecolors=None if marker in "x+" else colour, linewidths=0.7)
+    ax.set_xlim(0, ncols * width)
+    ax.set_ylabel(f"{len(ranked)} exits, trouble first")
+    if len(ranked) <= 40:
+        ax.set_yticks([i + 0.5 for i in range(len(ranked))], ranked, fontsize=6)
+    ax.set_title(f"the whole pool: admissions per second per exit ({width:g} s columns; "
+                 "grey: after the exit was last seen)", fontsize=9, loc="left",
+                 fontweight="bold")
+    bar = fig.colorbar(image, ax=ax, pad=0.01, fraction=0.03)
+    bar.set_label("admitted r/s", fontsize=8)
 
 
 def run(path: str | Path, plot_to: str | Path | None = None, out: Any = None) -> int:
@@ -272,13 +517,15 @@ def run(path: str | Path, plot_to: str | Path | None = None, out: Any = None) ->
         except PlotUnavailable as exc:
             print(str(exc), file=sys.stderr)
             return 1
-        print(f"\nplot of {len(shown)} exit(s) written to {plot_to}", file=out)
+        print(f"\nplot written to {plot_to} ({len(shown)} exit(s) in detail)", file=out)
     return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="OUT.png", default=None,
-                        help="also draw admissions, pair rates and 429s per exit to this PNG")
+                        help="also draw the pool (a heat map above 12 exits) and the exits in "
+                             "trouble first, with 429s, bans, evictions and faults marked, "
+                             "to this PNG")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

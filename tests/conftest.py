@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from .redis_server import RedisServer, redis_binary
+
+# the exit id key file (config.id_key) of the test run, not the user's: subprocesses
+# inherit it, so their ids agree with this process's
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="exitlimit-tests-")
 
 
 class FakeClock:

@@ -1,10 +1,24 @@
 import logging
 
+import pytest
+from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
 from scrapy.utils.test import get_crawler
 
-from scrapy_exitlimit.addon import MIDDLEWARE, MIDDLEWARE_ORDER
+from scrapy_exitlimit.addon import (
+    MIDDLEWARE,
+    MIDDLEWARE_ORDER,
+    PROGRESS,
+    AddonConfigError,
+    user_order,
+)
+from scrapy_exitlimit.config import NoExits
+from scrapy_exitlimit.middleware import ExitLimitMiddleware
 
 EXITS = [f"http://127.0.0.1:{9000 + i}" for i in range(10)]
+
+
+class MyMiddleware:
+    """A user's own downloader middleware."""
 
 
 def settings_after_addons(**values):
@@ -15,7 +29,8 @@ def settings_after_addons(**values):
 
 def test_inserts_the_middleware_and_sizes_concurrency_to_the_pool():
     s = settings_after_addons(EXITLIMIT_EXITS=EXITS, EXITLIMIT_CONCURRENCY=3)
-    assert s.getdict("DOWNLOADER_MIDDLEWARES")[MIDDLEWARE] == MIDDLEWARE_ORDER
+    assert user_order(s, "DOWNLOADER_MIDDLEWARES", MIDDLEWARE) == (True, MIDDLEWARE_ORDER)
+    assert user_order(s, "EXTENSIONS", PROGRESS) == (True, 510)
     assert 550 < MIDDLEWARE_ORDER < 750
     assert s.getint("CONCURRENT_REQUESTS") == 10 * 3 + 16
     assert s.getbool("AUTOTHROTTLE_ENABLED") is False
@@ -44,9 +59,17 @@ def test_exits_from_spider_custom_settings_are_seen():
     assert crawler.settings.getint("CONCURRENT_REQUESTS") == 2 * 8 + 16
 
 
-def test_without_exits_nothing_is_sized():
-    s = settings_after_addons()
+@pytest.mark.parametrize("exits", [None, [], "", ["# a comment"]])
+def test_without_exits_the_addon_refuses_to_start(exits):
+    values = {} if exits is None else {"EXITLIMIT_EXITS": exits}
+    with pytest.raises(NoExits, match="EXITLIMIT_EXITS"):
+        settings_after_addons(**values)
+
+
+def test_disabled_the_addon_adds_nothing():
+    s = settings_after_addons(EXITLIMIT_ENABLED=False)
     assert s.getint("CONCURRENT_REQUESTS") == 16
+    assert user_order(s, "DOWNLOADER_MIDDLEWARES", MIDDLEWARE) == (False, None)
 
 
 def test_gateway_templates_count_once_per_session():
@@ -70,7 +93,80 @@ def test_installs_the_credential_keyed_handler_unless_you_chose_one():
 def test_your_own_middlewares_and_handlers_do_not_drop_ours():
     from scrapy_exitlimit.addon import DOWNLOAD_HANDLER
 
-    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, DOWNLOADER_MIDDLEWARES={"my.Mw": 5},
+    mine = f"{__name__}.MyMiddleware"
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, DOWNLOADER_MIDDLEWARES={mine: 5},
                               DOWNLOAD_HANDLERS={"ftp": None})
-    assert s.getdict("DOWNLOADER_MIDDLEWARES") == {"my.Mw": 5, MIDDLEWARE: MIDDLEWARE_ORDER}
+    assert s.getdict("DOWNLOADER_MIDDLEWARES") == {mine: 5, ExitLimitMiddleware: MIDDLEWARE_ORDER}
     assert s.getdict("DOWNLOAD_HANDLERS")["http"] == DOWNLOAD_HANDLER
+
+
+@pytest.mark.parametrize("key", [MIDDLEWARE, ExitLimitMiddleware], ids=["path", "class"])
+def test_your_order_for_the_middleware_is_kept(key):
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, DOWNLOADER_MIDDLEWARES={key: 600})
+    assert user_order(s, "DOWNLOADER_MIDDLEWARES", MIDDLEWARE) == (True, 600)
+    assert len(s.getdict("DOWNLOADER_MIDDLEWARES")) == 1
+
+
+def test_the_progress_extension_set_to_none_stays_off():
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, EXTENSIONS={PROGRESS: None})
+    assert user_order(s, "EXTENSIONS", PROGRESS) == (True, None)
+    assert len(s.getdict("EXTENSIONS")) == 1
+
+
+def test_the_middleware_set_to_none_with_the_addon_on_is_refused():
+    """EXITLIMIT_ENABLED = False is the one off switch: None would crawl without exits."""
+    with pytest.raises(AddonConfigError, match="EXITLIMIT_ENABLED = False"):
+        settings_after_addons(EXITLIMIT_EXITS=EXITS, DOWNLOADER_MIDDLEWARES={MIDDLEWARE: None})
+
+
+def built(crawler, kind):
+    """The components Scrapy built, once the crawl's engine exists."""
+    if kind == "extensions":
+        return crawler.extensions.middlewares
+    return crawler.engine.downloader.middleware.middlewares
+
+
+@pytest.mark.parametrize(("order", "warning"), [
+    (800, "comes after HttpProxyMiddleware (750)"),
+    (500, "comes before RetryMiddleware (550)"),
+    (600, None),
+])
+def test_an_order_that_hurts_is_warned_about_with_why(order, warning, caplog):
+    from scrapy_exitlimit.wiring import order_problems
+
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, DOWNLOADER_MIDDLEWARES={MIDDLEWARE: order})
+    problems = order_problems(s)
+    if warning is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and warning in problems[0]
+        assert "Proxy-Authorization" in problems[0] or "Retry-After" in problems[0]
+
+
+def test_a_moved_http_proxy_middleware_is_taken_into_account():
+    from scrapy_exitlimit.wiring import order_problems
+
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS,
+                              DOWNLOADER_MIDDLEWARES={HttpProxyMiddleware: 580})
+    assert "HttpProxyMiddleware (580)" in order_problems(s)[0]
+
+
+def test_without_the_addon_the_middleware_works_and_warns_with_the_numbers(caplog):
+    from scrapy_exitlimit.wiring import check_wiring
+
+    crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS,
+                                         "DOWNLOADER_MIDDLEWARES": {MIDDLEWARE: 585}})
+    crawler._apply_settings()
+    with caplog.at_level(logging.WARNING):
+        check_wiring(crawler, len(EXITS), 8)
+    text = caplog.text
+    assert "without the add-on" in text and "ADDONS" in text
+    assert "CONCURRENT_REQUESTS = 96 (now 16; below" in text and "10 exits x 8 = 80" in text
+    assert "CredentialKeyedDownloadHandler" in text and "ExitLimitProgress" in text
+    caplog.clear()
+    crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS,
+                                         "ADDONS": {"scrapy_exitlimit.Addon": 100}})
+    crawler._apply_settings()
+    with caplog.at_level(logging.WARNING):
+        check_wiring(crawler, len(EXITS), 8)
+    assert caplog.text == ""

@@ -2,7 +2,7 @@ import pytest
 from scrapy.exceptions import NotConfigured
 from scrapy.settings import Settings
 
-from scrapy_exitlimit.config import ExitLimitConfig
+from scrapy_exitlimit.config import ExitLimitConfig, NoExits
 
 EXITS = ["http://127.0.0.1:9000", "http://u:secret@127.0.0.1:9001"]
 
@@ -29,11 +29,69 @@ def test_values_are_read():
     assert c.tuning.jitter == 0.2
 
 
-def test_disabled_or_no_exits_is_not_configured():
+def test_disabled_is_not_configured_and_no_exits_is_an_error():
     with pytest.raises(NotConfigured):
         config(EXITLIMIT_ENABLED=False)
-    with pytest.raises(NotConfigured, match="EXITLIMIT_EXITS"):
+    with pytest.raises(NoExits, match="EXITLIMIT_EXITS is not set"):
         ExitLimitConfig.from_settings(Settings({}))
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ([], "an empty list, from the project settings"),
+    ("", "an empty string (an empty environment variable?)"),
+    ("  \n", "an empty string"),
+    (["# only a comment", ""], "a list with no exit in it"),
+])
+def test_no_exits_says_what_and_where(value, said):
+    with pytest.raises(NoExits, match="EXITLIMIT_EXITS") as info:
+        ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": value}))
+    assert said in str(info.value) and "EXITLIMIT_ENABLED = False" in str(info.value)
+
+
+def test_an_exits_file_of_comments_is_named(tmp_path):
+    path = tmp_path / "exits.txt"
+    path.write_text("# the pool\n\n# http://u:secret@p:1\n")
+    settings = Settings()
+    settings.set("EXITLIMIT_EXITS", str(path), priority="spider")
+    with pytest.raises(NoExits) as info:
+        ExitLimitConfig.from_settings(settings)
+    text = str(info.value)
+    assert str(path) in text and "custom_settings" in text and "secret" not in text
+
+
+@pytest.mark.parametrize("value", [["127.0.0.1:9000", "u:secret@127.0.0.1:9001"],
+                                   "127.0.0.1:9000, u:secret@127.0.0.1:9001"])
+def test_host_port_means_http(value):
+    c = ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": value}))
+    assert [e.url for e in c.exits] == ["http://127.0.0.1:9000",
+                                        "http://u:secret@127.0.0.1:9001"]
+    assert c.exits[0].id == "127.0.0.1:9000"
+
+
+@pytest.mark.parametrize("scheme", ["socks5", "socks5h", "socks4", "ftp"])
+def test_an_unsupported_scheme_is_refused_by_position_without_credentials(scheme):
+    exits = ["http://127.0.0.1:9000", "# comment", f"{scheme}://user7:secret@10.0.0.1:1080"]
+    with pytest.raises(ValueError) as info:
+        ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": exits}))
+    text = str(info.value)
+    assert text.startswith("EXITLIMIT_EXITS entry #3: scheme") and scheme in text
+    assert "secret" not in text and "user7" not in text and "10.0.0.1" not in text
+
+
+def test_redis_timeout_that_is_not_a_number_names_itself():
+    with pytest.raises(ValueError, match=r"EXITLIMIT_REDIS_TIMEOUT \('fast'\) must be a number"):
+        config(EXITLIMIT_REDIS_TIMEOUT="fast")
+
+
+@pytest.mark.parametrize("value", ["Redis", "MEMORY", "postgres"])
+def test_an_unknown_backend_lists_the_choices(value):
+    with pytest.raises(ValueError) as info:
+        config(EXITLIMIT_BACKEND=value)
+    text = str(info.value)
+    assert f"EXITLIMIT_BACKEND ({value!r})" in text
+    assert "'memory', 'redis' or the path of a Backend class" in text
+    if value.lower() in ("redis", "memory"):
+        assert f"did you mean {value.lower()!r}" in text
 
 
 @pytest.mark.parametrize(
@@ -71,7 +129,7 @@ def test_cooldown_bounds_must_be_ordered():
 
 @pytest.mark.parametrize(
     "exits",
-    [["ftp://127.0.0.1:21"], ["127.0.0.1:9000"], ["http://127.0.0.1:notaport"],
+    [["ftp://127.0.0.1:21"], ["127.0.0.1"], ["http://127.0.0.1:notaport"],
      ["http://127.0.0.1:9000", "http://127.0.0.1:9000"], 42],
 )
 def test_bad_exits_name_the_setting(exits):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import subprocess
 import sys
 
@@ -61,13 +62,20 @@ def test_a_template_without_sessions_is_refused_without_its_secret():
 # -- ids -----------------------------------------------------------------------------
 
 
+KEY = b"a deployment's id key, shared"
+
+
+def hmac12(text: str, key: bytes = KEY) -> str:
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()[:12]
+
+
 def test_id_forms():
     assert exit_id("http://10.0.0.1:8000") == "10.0.0.1:8000"
-    assert exit_id("socks5://10.0.0.1:1080") == "socks5://10.0.0.1:1080"
+    assert exit_id("https://10.0.0.1:8443") == "https://10.0.0.1:8443"
     url = "http://u:p@10.0.0.1:8000"
-    assert exit_id(url) == "10.0.0.1:8000~" + hashlib.sha256(url.encode()).hexdigest()[:10]
-    sessions = parse_exit_list([GATEWAY], ["1", "eu-7"])
-    digest = hashlib.sha256(GATEWAY.encode()).hexdigest()[:10]
+    assert exit_id(url, key=KEY) == "10.0.0.1:8000~" + hmac12(url)
+    sessions = parse_exit_list([GATEWAY], ["1", "eu-7"], key=KEY)
+    digest = hmac12(GATEWAY)
     assert [e.id for e in sessions] == [f"gw.example:7777~{digest}~s=1",
                                         f"gw.example:7777~{digest}~s=eu-7"]
 
@@ -84,13 +92,58 @@ def test_ids_tell_credentials_and_sessions_apart_and_hide_them():
             assert secret not in ex.id and secret not in repr(ex) and secret not in str(ex)
 
 
-def test_ids_are_the_same_in_another_process():
-    code = ("from scrapy_exitlimit.core import parse_exit_list; "
-            f"print(*[e.id for e in parse_exit_list([{GATEWAY!r}, 'http://u:p@h:1'], "
-            "['1', '2'])])")
+@pytest.mark.parametrize("values", [{}, {"EXITLIMIT_ID_KEY": "0123456789abcdef-shared"}],
+                         ids=["key-file", "key-setting"])
+def test_ids_are_the_same_in_another_process(values):
+    """Another process on this machine (the key file) or anywhere (the key setting)."""
+    values = {"EXITLIMIT_EXITS": [GATEWAY, "http://u:p@h:1"], "EXITLIMIT_SESSIONS": 2,
+              **values}
+    code = ("from scrapy.settings import Settings; "
+            "from scrapy_exitlimit.config import read_exits; "
+            f"print(*[e.id for e in read_exits(Settings({values!r}))])")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout.split()
-    assert other == [e.id for e in parse_exit_list([GATEWAY, "http://u:p@h:1"], ["1", "2"])]
+    assert other == [e.id for e in read_exits(Settings(values))]
+    assert len(set(other)) == 3
+
+
+def test_an_id_cannot_be_recomputed_from_the_url_alone():
+    """A log reader who knows the gateway and the user name, guessing the password:
+    the unkeyed hash an id used to be confirms the right guess; without the key
+    nothing does, not even the hash under the key the code falls back to."""
+    url = "http://cust-4711:hunter2@gw.example:7777"
+    key = b"0123456789abcdef-deployment"
+    the_id = read_exits(Settings({"EXITLIMIT_EXITS": [url],
+                                  "EXITLIMIT_ID_KEY": key.decode()}))[0].id
+    shown = the_id.rpartition("~")[2]
+    guesses = [url.replace("hunter2", guess) for guess in ("123456", "password", "hunter2")]
+    for guess in guesses:  # what the old id was, and any unkeyed or default-keyed digest
+        for digest in (hashlib.sha256(guess.encode()).hexdigest(),
+                       hashlib.sha1(guess.encode()).hexdigest(),
+                       hashlib.md5(guess.encode()).hexdigest(),
+                       hmac.new(b"", guess.encode(), hashlib.sha256).hexdigest(),
+                       exit_id(guess).rpartition("~")[2]):
+            assert not digest.startswith(shown)
+    # with the key, the right guess matches: the key is what keeps the id useless
+    assert [exit_id(g, key=key) for g in guesses].count(the_id) == 1
+    assert the_id == exit_id(guesses[2], key=key)
+
+
+def test_the_key_file_is_made_once_private_and_kept(tmp_path, monkeypatch):
+    from scrapy_exitlimit import config as config_module
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    first = config_module.id_key(Settings())
+    path = config_module.id_key_path()
+    assert path.is_file() and (path.stat().st_mode & 0o777) == 0o600
+    assert config_module.id_key(Settings()) == first and len(first) >= 32
+    assert config_module.id_key(Settings({"EXITLIMIT_ID_KEY": "x" * 16})) == b"x" * 16
+
+
+@pytest.mark.parametrize("value", ["short", 12345678901234567890, ["k" * 20]])
+def test_a_bad_id_key_names_the_setting(value):
+    with pytest.raises(ValueError, match="EXITLIMIT_ID_KEY"):
+        read_exits(Settings({"EXITLIMIT_EXITS": ["http://u:p@h:1"], "EXITLIMIT_ID_KEY": value}))
 
 
 # -- settings ------------------------------------------------------------------------
@@ -112,7 +165,7 @@ def test_sessions_from_a_command_line_string_and_an_exits_file(tmp_path):
 
 
 def test_exit_settings_can_name_a_session_by_its_id():
-    exits = parse_exit_list([GATEWAY], ["1", "2"])
+    exits = read_exits(Settings({"EXITLIMIT_EXITS": [GATEWAY], "EXITLIMIT_SESSIONS": 2}))
     c = config(EXITLIMIT_EXITS=[GATEWAY], EXITLIMIT_SESSIONS=2,
                EXITLIMIT_EXIT_SETTINGS={exits[1].id: {"concurrency": 1}})
     assert c.limits.exit_concurrency(exits[1].id) == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import calendar
 import math
+import re
 import string
 from typing import Any
 
@@ -414,3 +415,78 @@ def test_an_exit_list_path_that_cannot_be_a_file_names_the_setting(value):
 def test_an_override_error_does_not_leak_the_proxy_password(spec):
     check_from_settings({"EXITLIMIT_EXITS": EXIT_URLS,
                          "EXITLIMIT_EXIT_SETTINGS": {EXIT_URLS[1]: spec}})
+
+
+# -- every setting, and the add-on ------------------------------------------------------------
+
+#: settings other than numbers, with the shapes a user may give them
+OTHER_VALUES = {
+    "EXITLIMIT_ENABLED": st.one_of(st.booleans(), st.sampled_from(["yes", "0", "True", "maybe"]),
+                                   setting_values),
+    "EXITLIMIT_DEBUG": setting_values,
+    "EXITLIMIT_STATS_PER_EXIT": setting_values,
+    "EXITLIMIT_ID_KEY": st.one_of(setting_values, st.text(min_size=14, max_size=40)),
+    "EXITLIMIT_POLICY": st.one_of(setting_values, st.sampled_from(
+        ["scrapy_exitlimit.policy.ResponsePolicy", "no.such.Policy", "Policy"])),
+    "EXITLIMIT_EXIT_IP_HEADER": st.one_of(setting_values, st.sampled_from(["X-Exit-IP", "a b"])),
+    "EXITLIMIT_BACKEND": st.one_of(setting_values, st.sampled_from(
+        ["memory", "redis", "Redis", "MEMORY", "x.y.Backend", "scrapy_exitlimit.Nope"])),
+    "EXITLIMIT_REDIS_URL": st.one_of(setting_values, st.just("redis://127.0.0.1:1/0")),
+    "EXITLIMIT_REDIS_PREFIX": st.one_of(setting_values, st.sampled_from(["a{b}", "p"])),
+    "EXITLIMIT_REDIS_TIMEOUT": setting_values,
+    "EXITLIMIT_REDIS_ON_ERROR": st.one_of(setting_values, st.sampled_from(["local", "pause"])),
+    "EXITLIMIT_PROMETHEUS_PORT": setting_values,
+    "EXITLIMIT_PROMETHEUS_ADDR": setting_values,
+    # not a path: a fuzzed string would create files; types only
+    "EXITLIMIT_TELEMETRY": st.one_of(st.none(), st.integers(), st.lists(st.integers(),
+                                                                        max_size=1)),
+}
+STRUCTURED = {"EXITLIMIT_EXITS", "EXITLIMIT_SESSIONS", "EXITLIMIT_EXIT_SETTINGS",
+              "EXITLIMIT_ORIGIN_SETTINGS"}  # fuzzed above, with their own strategies
+
+
+def test_the_fuzzers_cover_every_setting_the_package_reads():
+    from pathlib import Path
+
+    import scrapy_exitlimit
+
+    root = Path(scrapy_exitlimit.__file__).parent
+    read = set()
+    for path in root.rglob("*.py"):
+        if "lab" not in path.parts:
+            read |= set(re.findall(r"EXITLIMIT_[A-Z_]+[A-Z]", path.read_text()))
+    read -= {"EXITLIMIT_REQUIRE_REDIS"}  # the test suite's, not a setting
+    assert read <= set(config_module.SETTINGS), read - set(config_module.SETTINGS)
+    fuzzed = set(NUMERIC_SETTINGS) | set(OTHER_VALUES) | STRUCTURED
+    assert set(config_module.SETTINGS) == fuzzed, set(config_module.SETTINGS) ^ fuzzed
+
+
+def check_addon(values: dict[str, Any]) -> None:
+    """The add-on reads settings before any component: it too may only fail with a
+    ValueError (or NotConfigured) naming a setting."""
+    from scrapy_exitlimit.addon import Addon
+
+    settings = Settings(values)
+    try:
+        Addon().update_settings(settings)
+    except ValueError as exc:
+        assert "EXITLIMIT_" in str(exc), f"{type(exc).__name__}: {exc}"
+        assert "secret" not in str(exc), f"the proxy password leaks: {exc}"
+
+
+@SETTINGS
+@given(st.fixed_dictionaries({}, optional=OTHER_VALUES),
+       st.dictionaries(st.sampled_from(NUMERIC_SETTINGS), setting_values, max_size=3))
+def test_every_setting_fails_only_with_a_value_error_naming_it(others, numbers):
+    values = {"EXITLIMIT_EXITS": EXIT_URLS, **others, **numbers}
+    check_from_settings(values)
+    check_addon(values)
+
+
+@SETTINGS
+@given(exit_lists, session_values)
+def test_the_addon_fails_only_with_a_value_error_naming_a_setting(exits, sessions):
+    values: dict[str, Any] = {"EXITLIMIT_EXITS": exits}
+    if sessions is not None:
+        values["EXITLIMIT_SESSIONS"] = sessions
+    check_addon(values)

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
+from scrapy.settings import Settings
 from twisted.internet import defer
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.web.client import Agent, readBody
 
-from scrapy_exitlimit.core.exits import exit_id
+from scrapy_exitlimit.config import read_exits
 from scrapy_exitlimit.lab import IPRule, Lab, OriginConfig
 from scrapy_exitlimit.probe import LevelResult, analyze, format_verdicts, parse_levels
 
@@ -116,7 +117,7 @@ async def test_probe_command_finds_each_exits_capacity(tmp_path):
     out, err = out.decode(), err.decode()
     assert code == 0, err
     assert "s3cret" not in out + err
-    first, second = exit_id(exits[0]), exit_id(exits[1])
+    first, second = (e.id for e in read_exits(Settings({"EXITLIMIT_EXITS": exits[:2]})))
     assert "~" in first  # credentials: a hashed id
     settings = out[out.index("EXITLIMIT_EXIT_SETTINGS = {"):]
     namespace: dict = {}

@@ -78,13 +78,111 @@ def test_summary_text(tmp_path):
     assert report.summarize([]) == "no telemetry records"
 
 
-def test_plot_caps_exits_busiest_first(tmp_path):
+def test_plot_caps_exits_trouble_first(tmp_path):
     pytest.importorskip("matplotlib")
     records, _ = report.load(write_crawl(tmp_path / "t.jsonl", exits=4))
     out = tmp_path / "plot.png"
     shown = report.plot(records, out, max_exits=2)
     assert shown[0] == "e0:1" and len(shown) == 2
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def troubled_pool(path: Path, clean: int = 8) -> Path:
+    """Busy clean exits, and three quiet ones in trouble: a ban after one request, a dead
+    proxy evicted, a slow exit with 429s and a breaker."""
+    clock = FakeClock(1_700_000_000.0)
+    tel = Telemetry(path, clock=clock)
+    o = "https://a.com"
+    for step in range(40):
+        for i in range(clean):
+            tel.admission(o, f"busy{i}:1", wait=0, rate=5.0, limit=4, in_flight=1)
+            tel.response(o, f"busy{i}:1", 200, "ok", 0.05, 5.0, 4, 0)
+        if step == 0:
+            tel.admission(o, "banned:1", wait=0, rate=2.0, limit=2, in_flight=1)
+            tel.response(o, "banned:1", 403, "banned", 0.05, 2.0, 2, 0)
+            tel.adjustment("pair_banned", o, "banned:1", "300 s")
+        if step < 3:
+            tel.admission(o, "dead:1", wait=0, rate=2.0, limit=2, in_flight=1)
+            tel.response(o, "dead:1", None, "proxy_fault", None, None, None, None)
+            if step == 2:
+                tel.adjustment("evicted", o, "dead:1", "3 faults")
+        if step % 4 == 0:
+            tel.admission(o, "slow:1", wait=0, rate=1.0, limit=2, in_flight=1)
+            tel.response(o, "slow:1", 429, "rate_limited", 0.05, 1.0, 2, 0)
+            if step == 20:
+                tel.adjustment("breaker_open", o, "slow:1", "5 in a row")
+        clock.advance(0.25)
+    tel.close()
+    return path
+
+
+def test_trouble_is_ranked_first_and_every_kind_is_marked(tmp_path):
+    records, _ = report.load(troubled_pool(tmp_path / "t.jsonl"))
+    by_exit = report.tracks(records)
+    ranked = report.rank_exits(by_exit)
+    assert ranked[:3] == ["slow:1", "dead:1", "banned:1"]  # 429+breaker, fault+eviction, ban
+    assert by_exit["banned:1"].marks["ban"] and by_exit["dead:1"].marks["eviction"]
+    assert by_exit["dead:1"].marks["fault"] and by_exit["slow:1"].marks["breaker"]
+    assert len(by_exit["slow:1"].marks["429"]) == 10
+    # an exit's lines stop where it was last seen: the ban, not the end of the crawl
+    assert by_exit["banned:1"].last_seen < by_exit["busy0:1"].last_seen - 9
+
+
+def test_the_plot_draws_the_exits_in_trouble_and_says_how_many_are_left_out(tmp_path):
+    pytest.importorskip("matplotlib")
+    records, _ = report.load(troubled_pool(tmp_path / "t.jsonl"))
+    shown = report.plot(records, tmp_path / "p.png", max_exits=4)
+    assert {"slow:1", "dead:1", "banned:1"} <= set(shown) and len(shown) == 4
+    import matplotlib.pyplot as plt
+
+    texts = []
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        texts.extend(t.get_text() for t in fig.findobj(plt.Text))
+        return real_savefig(fig, *args, **kwargs)
+
+    plt.Figure.savefig = spy
+    try:
+        report.plot(records, tmp_path / "p.png", max_exits=4)
+    finally:
+        plt.Figure.savefig = real_savefig
+    joined = "\n".join(texts)
+    assert "exits in detail: 4 of 11" in joined and "7 left out" in joined
+    for _, _, label in report.EVENT_MARKS.values():
+        assert label in joined  # one legend entry per kind of event
+
+
+def test_a_large_pool_gets_a_heat_map_and_the_detail_shows_each_kind(tmp_path):
+    pytest.importorskip("matplotlib")
+    records, _ = report.load(troubled_pool(tmp_path / "t.jsonl", clean=60))
+    by_exit = report.tracks(records)
+    picked = report.pick_exits(by_exit, report.rank_exits(by_exit), 5)
+    assert {"slow:1", "dead:1", "banned:1"} <= set(picked)
+    assert any(p.startswith("busy") for p in picked)  # a clean exit too
+    out = tmp_path / "big.png"
+    report.plot(records, out)
+    assert out.stat().st_size > 0
+
+
+def test_learned_origin_and_scope_rates_are_drawn_when_telemetry_has_them(tmp_path):
+    records = [
+        {"t": 1.0, "ev": "admit", "origin": "https://a.com", "exit": "e:1", "rate": 2,
+         "origin_rate": 10},
+        {"t": 2.0, "ev": "adjust", "origin": "https://a.com", "exit": None,
+         "kind": "origin_rate", "rate": 8.5, "detail": "10 -> 8.5 r/s"},
+        {"t": 3.0, "ev": "adjust", "origin": "https://a.com", "kind": "origin_rate",
+         "value": "junk"},
+        {"t": 3.5, "ev": "adjust", "origin": "https://a.com", "scope": "acct-1",
+         "scope_rate": 3},
+        {"t": 4.0, "ev": "admit", "origin": "https://a.com", "exit": "e:1", "rate": 2},
+    ]
+    lines = report.pool_rates(records)
+    assert lines["origin rate https://a.com"] == ([1.0, 2.0], [10.0, 8.5])
+    assert lines["scope acct-1"] == ([3.5], [3.0])
+    assert report.pool_rates(records[-1:]) == {}  # older telemetry: nothing to draw
+    pytest.importorskip("matplotlib")
+    report.plot(records, tmp_path / "o.png")
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):

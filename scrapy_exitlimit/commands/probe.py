@@ -8,7 +8,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from w3lib.url import is_url
 
-from ..config import read_exit_urls
+from ..config import id_key, read_exit_urls
 from ..core.exits import parse_exit_list
 from ..probe import (
     DEFAULT_LEVELS,
@@ -35,21 +35,21 @@ class Command(ScrapyCommand):
         return ("Send requests to URL through each exit at rising concurrency levels, "
                 "report median / p95 latency and errors per level, find the knee (median "
                 "over 2x the lowest level's, or errors) and print EXITLIMIT_EXIT_SETTINGS "
-                "with a concurrency per exit. EXITS: proxy URLs, comma-separated, or a file "
-                "with one per line; default: the EXITLIMIT_EXITS setting.")
+                "with a concurrency per exit. EXITS are proxy URLs, comma-separated, or a "
+                "file with one per line, by default the EXITLIMIT_EXITS setting.")
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
         parser.add_argument("--exits", metavar="EXITS", default=None,
-                            help="proxy URLs, comma-separated, or a file (default: "
-                                 "EXITLIMIT_EXITS)")
+                            help="proxy URLs, comma-separated, or a file with one per "
+                                 "line; the EXITLIMIT_EXITS setting when not given")
         parser.add_argument("--levels", metavar="1,2,4,...",
                             default=",".join(map(str, DEFAULT_LEVELS)),
-                            help="concurrency levels to walk (default: %(default)s)")
+                            help="concurrency levels to walk (default %(default)s)")
         parser.add_argument("--requests-per-level", metavar="N", type=int,
                             default=DEFAULT_REQUESTS_PER_LEVEL,
                             help="requests per level, at least 2 x level "
-                                 "(default: %(default)s)")
+                                 "(default %(default)s)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if len(args) != 1 or not is_url(args[0]):
@@ -60,9 +60,13 @@ class Command(ScrapyCommand):
             source = opts.exits if opts.exits is not None else self.settings.get(
                 "EXITLIMIT_EXITS")
             name = "--exits" if opts.exits is not None else "EXITLIMIT_EXITS"
-            exits = parse_exit_list(read_exit_urls(source, name))
+            urls = read_exit_urls(source, name)
         except ValueError as exc:
             raise UsageError(str(exc), print_help=False) from None
+        try:  # the ids a crawl with these settings uses (same key)
+            exits = parse_exit_list(urls, key=id_key(self.settings))
+        except ValueError as exc:
+            raise UsageError(f"{name} {exc}", print_help=False) from None
         if not exits:
             raise UsageError("no exits: give --exits or set EXITLIMIT_EXITS", print_help=False)
         if opts.requests_per_level < 1:

@@ -24,7 +24,8 @@ class Command(ScrapyCommand):
     def long_desc(self) -> str:
         return ("Print requests, answers by status, 429 share, request rates, pair rates "
                 "and waits per exit and per origin from an EXITLIMIT_TELEMETRY file; "
-                "with --plot, also draw them per exit (needs scrapy-exitlimit[plot]).")
+                "with --plot, also draw the pool and its exits, those in trouble first "
+                "(needs scrapy-exitlimit[plot]).")
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
