@@ -27,9 +27,10 @@ def ip(exit_id: str) -> str:
 
 
 def drive(lim: Limiter, clock: FakeClock, model: OriginModel, seconds: float,
-          latency: float = 0.002) -> dict[int, int]:
+          latency: float = 0.002, states: float | None = None) -> dict[int, int]:
     """Admit as fast as the limiter allows for ``seconds``; the model answers each request
-    on arrival; answers come back ``latency`` later, one at a time. Counts statuses."""
+    on arrival; answers come back ``latency`` later, one at a time (each clean one
+    stating ``states`` r/s in its headers, when given). Counts statuses."""
     end = clock.now + seconds
     counts: dict[int, int] = {}
     while clock.now < end:
@@ -44,6 +45,8 @@ def drive(lim: Limiter, clock: FakeClock, model: OriginModel, seconds: float,
             lim.rate_limited(SITE, got.exit_id, 1.0, got)
         elif status == 200:
             lim.success(got, latency)
+            if states is not None:
+                lim.announced(got, states, None, None)
         lim.release(got.id)
     return counts
 
@@ -161,3 +164,30 @@ def test_arrival_spread_widens_pacing_only_near_a_known_limit():
     unlimited.clock.now = 10.0
     unlimited.try_admit(SITE)
     assert unlimited.pair_state(SITE, first.exit_id).bucket.margin == 0.005
+
+
+def test_a_rate_limit_header_that_overstates_the_limit_gives_way_to_the_answers():
+    clock = FakeClock(0.0)
+    lim = limiter(4, clock)
+    counts = drive(lim, clock, OriginModel(per_ip=lambda: Gcra(3.0)), 60.0, states=10.0)
+    pairs = lim.origin_state(SITE).pairs.values()
+    assert all(p.learning.distrusted == 10.0 and p.learning.announced is None for p in pairs)
+    assert all(p.own is not None and 2.4 <= p.own.lo <= 3.1 for p in pairs)
+    assert counts.get(429, 0) / sum(counts.values()) < 0.05
+    assert counts[200] >= 0.8 * 4 * 3.0 * 60
+
+
+def test_an_honest_header_paces_from_the_first_answer_and_a_new_one_is_trusted_again():
+    clock = FakeClock(0.0)
+    lim = limiter(2, clock)
+    counts = drive(lim, clock, OriginModel(per_ip=lambda: Gcra(3.0)), 20.0, states=3.0)
+    assert counts.get(429, 0) == 0
+    pair = next(iter(lim.origin_state(SITE).pairs.values()))
+    pair.learning.announced, pair.learning.distrusted = None, 3.0  # as after a 429
+    lease = lim.try_admit(SITE)
+    while not isinstance(lease, Lease):
+        clock.now = lease
+        lease = lim.try_admit(SITE)
+    assert lim.announced(lease, 3.0, None, None) == [] or lease.exit_id != pair
+    events = lim.announced(lease, 2.0, None, None)  # the server says something new
+    assert [e.kind for e in events] == ["rate_announced"]

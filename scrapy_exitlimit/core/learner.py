@@ -80,6 +80,10 @@ class PairLearning:
     clean_gaps: deque[tuple[float, float]] = field(
         default_factory=lambda: deque(maxlen=CLEAN_GAPS))
     strike: float = -math.inf  # its last 429 that pointed at no one else
+    #: the rate the server's headers state for this pair, and one a 429 contradicted
+    #: (ignored until the headers say something else)
+    announced: float | None = None
+    distrusted: float | None = None
 
 
 @dataclass
@@ -202,16 +206,17 @@ class OriginLearner:
             answers.popleft()
 
     def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
-                  gap: float, paced: bool, admitted_at: float, site_gap: float, now: float,
+                  gap: float, margin: float, admitted_at: float, site_gap: float, now: float,
                   configured: bool) -> list[Event]:
         """A clean answer to a request admitted at pair pace ``rate``, ``gap`` after the
-        pair's previous one (``paced``: as soon as the pair's schedule allowed), and
-        ``site_gap`` after the origin's previous one."""
+        pair's previous one (``margin``: what pacing adds to every 1/rate interval: the
+        safety margin and the arrival spread), ``site_gap`` after the origin's previous
+        one."""
         self._answered(now, admitted_at, True)
         # what the pair really achieved: its pacing rate, or less when something else
         # (its concurrency, latency, demand, the site budget) spaced the requests wider
-        achieved = rate if paced else min(rate, 1.0 / max(gap, 1e-6))
-        if paced:  # the rate itself ran clean
+        achieved = min(rate, 1.0 / max(gap - margin, 1e-6))
+        if achieved >= rate * 0.95:  # the rate itself ran clean
             pl.rate_streak = 0
         if admitted_at > pl.last_clean:
             pl.clean_gaps.append((now, admitted_at - pl.last_clean))
@@ -309,6 +314,11 @@ class OriginLearner:
         if self.scout == exit_id and (rate > pool.lo * (1 + 1e-9) or not pool.proven) and (
                 not wider and math.isfinite(clean_gap)):
             return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout)
+        own = pl.own
+        if own is not None and rate > own.lo * (1 + 1e-9) and not wider:
+            # a pair probing its own limit found it
+            return self._lower(origin, exit_id, own, rate, pl.rate_streak, admitted_at, now,
+                               1.0 / fastest)
         if not closer and self.active_exits(now) > 1:  # (one exit alone: it is the pair)
             return self._site_evidence(origin, exit_id, site_gap, admitted_at, now)
         if pl.own is not None:

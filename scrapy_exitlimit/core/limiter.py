@@ -627,7 +627,8 @@ class Limiter:
                                     f"baseline {estate.concurrency.baseline:.3f}s)"))
         events += ostate.learner.succeeded(
             lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
-            paced=lease.paced, admitted_at=lease.admitted_at, site_gap=lease.site_gap, now=now,
+            margin=pair.bucket.margin, admitted_at=lease.admitted_at, site_gap=lease.site_gap,
+            now=now,
             configured=self.limits.pair(lease.origin, lease.exit_id).rate is not None)
         if ostate.overload_rate is not None and now >= ostate.overloaded_until:
             self._recover_budget(ostate)
@@ -663,6 +664,16 @@ class Limiter:
         events.append(Event("cooldown", origin, exit_id, f"{pair.cooldown_until - now:.2f}s"))
         if lease is None:
             return events
+        stated = pair.learning.announced
+        if stated is not None and lease.rate <= stated * (1 + 1e-9):
+            # a 429 at or under what the server stated: the statement is wrong for this
+            # pair until it changes; learning takes over from it
+            pair.learning.announced, pair.learning.distrusted = None, stated
+            configured = self.limits.pair(origin, exit_id).rate
+            pair.own = (self._fixed_estimate(configured) if configured is not None else
+                        RateEstimate(stated, floor=t.min_rate, ceiling=t.max_rate))
+            events.append(Event("announcement_wrong", origin, exit_id,
+                                f"429 at {lease.rate:.3g} r/s, stated {stated:.3g}"))
         events += ostate.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             site_gap=lease.site_gap, admitted_at=lease.admitted_at, now=now,
@@ -691,7 +702,8 @@ class Limiter:
 
         A stated rate becomes the pair's own, with no probing above it; an
         exhausted quota (remaining 0) holds the pair until the reset, so the
-        429 never comes.
+        429 never comes. Headers are a hint, answers the truth: a statement a
+        429 contradicted (see ``rate_limited``) is ignored until it changes.
         """
         now = self.clock()
         pair = self.pair_state(lease.origin, lease.exit_id)
@@ -701,8 +713,9 @@ class Limiter:
             configured = self.limits.pair(lease.origin, lease.exit_id).rate
             if configured is not None:  # a configured rate stays a ceiling
                 rate = min(rate, configured)
-            own = pair.own
-            if own is None or own.ceiling != rate or own.lo != rate:
+            learning = pair.learning
+            if rate != learning.announced and rate != learning.distrusted:
+                learning.announced, learning.distrusted = rate, None
                 pair.own = self._fixed_estimate(rate)
                 events.append(Event("rate_announced", lease.origin, lease.exit_id,
                                     f"server states {rate:.3g} r/s"))
