@@ -31,7 +31,7 @@ FLOORS = {
     ("fixed-window", "known"): (0.95, 0.001),
     ("sliding-window", "learned"): (0.50, 0.075),
     ("sliding-window", "known"): (0.95, 0.001),
-    ("jitter-small", "learned"): (0.50, 0.015),
+    ("jitter-small", "learned"): (0.45, 0.015),
     ("jitter-small", "known"): (0.70, 0.005),
     ("jitter-large", "learned"): (0.33, 0.030),
     ("jitter-large", "known"): (0.30, 0.020),
