@@ -22,7 +22,7 @@ from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Repin, Wait
 from .backends import load_backend
 from .config import ExitLimitConfig
 from .core import Event, Lease, bounded_cooldown, parse_retry_after
-from .core.ratelimit_headers import parse_ratelimit
+from .core.ratelimit_headers import QuotaWindows, parse_ratelimit
 from .failclosed import EXPECTED_PROXY_KEY
 from .policy import ResponsePolicy, Signal
 from .progress import Snapshot
@@ -113,6 +113,8 @@ class ExitLimitMiddleware:
         self.queue = AdmissionQueue(self.backend, self._admitted)
         #: sticky sessions: meta['exitlimit_session'] -> the exit it is pinned to
         self.pins: OrderedDict[str, str] = OrderedDict()
+        #: windows of stated quotas that do not say how long their window is
+        self.quota_windows = QuotaWindows()
         telemetry = Telemetry.from_settings(crawler.settings)
         metrics = PrometheusMetrics.from_settings(crawler.settings)
         #: where admissions, answers and adjustments are recorded (telemetry, metrics)
@@ -397,7 +399,8 @@ class ExitLimitMiddleware:
             events += self.backend.success(lease, latency)
             quota = parse_ratelimit(response.headers, now=time.time())
             if quota is not None:
-                events += self.backend.announced(lease, quota.rate, quota.remaining, quota.reset)
+                rate = self.quota_windows.rate((lease.origin, lease.pair), quota)
+                events += self.backend.announced(lease, rate, quota.remaining, quota.reset)
         elif signal is Signal.BANNED:
             events += self.backend.banned(lease)
         elif signal is Signal.OVERLOADED:

@@ -387,3 +387,30 @@ def test_arbitrary_text_never_raises(values, now):
         assert _finite_or_none(value)
     assert _finite_or_none(quota.rate)
     assert _finite_or_none(pacing_rate(quota))
+
+
+def _x_headers(limit, remaining, reset):
+    return {"X-RateLimit-Limit": str(limit), "X-RateLimit-Remaining": str(remaining),
+            "X-RateLimit-Reset": str(reset)}
+
+
+@pytest.mark.parametrize("epoch", [False, True], ids=["seconds", "epoch"])
+def test_a_window_is_learned_the_first_time_it_resets(epoch):
+    from scrapy_exitlimit.core.ratelimit_headers import QuotaWindows
+
+    now = 1_700_000_000.0
+    windows = QuotaWindows()
+
+    def rate(remaining, reset_in, at):
+        reset = at + reset_in if epoch else reset_in
+        return windows.rate("pair", parse_ratelimit(_x_headers(60, remaining, reset), now=at))
+
+    # 60 per window ending at Reset: no window length stated, nothing to pace by yet
+    assert rate(12, 7, now) is None
+    assert rate(11, 6, now + 1) is None
+    assert rate(59, 30, now + 7) == pytest.approx(2.0)  # a new window: 30 s long
+    assert rate(58, 29, now + 8) == pytest.approx(2.0)
+    assert windows.rate("other", parse_ratelimit(_x_headers(60, 3, 5), now=now)) is None
+    stated = parse_ratelimit({"RateLimit-Policy": "10;w=5", "RateLimit-Remaining": "3"},
+                             now=now)
+    assert windows.rate("pair", stated) == pytest.approx(2.0)  # a stated policy wins

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_tz
 from typing import Any
 
-__all__ = ["RATELIMIT_HEADERS", "Quota", "pacing_rate", "parse_ratelimit"]
+__all__ = ["RATELIMIT_HEADERS", "Quota", "QuotaWindows", "pacing_rate", "parse_ratelimit"]
 
 # Every header name this module reads, in its usual spelling.
 RATELIMIT_HEADERS: tuple[str, ...] = (
@@ -94,6 +94,40 @@ def pacing_rate(quota: Quota) -> float | None:
     if quota.remaining is None or quota.reset is None or not quota.reset > 0:
         return None
     return _finite(quota.remaining / quota.reset)
+
+
+class QuotaWindows:
+    """The window of ``N per window ending at Reset`` quotas that do not state it.
+
+    ``X-RateLimit-Limit`` with ``-Remaining`` and ``-Reset`` (seconds or an epoch,
+    both seen in the wild; ``parse_ratelimit`` makes either a delta) says how many
+    requests a window allows and when it ends, not how long it is. The length shows
+    the first time a window resets: ``remaining`` jumps back up, and ``reset`` then
+    counts down from a full window. From then on the rate is ``limit / window``.
+    One per key (a pair, or a scope); plain arithmetic, no clock of its own.
+    """
+
+    __slots__ = ("_last", "windows")
+
+    def __init__(self) -> None:
+        self._last: dict[Any, float] = {}  # key -> remaining at the previous answer
+        self.windows: dict[Any, float] = {}
+
+    def rate(self, key: Any, quota: Quota) -> float | None:
+        """The rate ``quota`` states, or the one its window has shown, or None."""
+        if quota.rate is not None:
+            return quota.rate
+        if quota.limit is None or quota.remaining is None or quota.reset is None:
+            return None
+        window = self.windows.get(key)
+        previous = self._last.get(key)
+        self._last[key] = quota.remaining
+        if window is None and previous is not None and quota.remaining > previous \
+                and quota.reset > 0:
+            window = self.windows[key] = math.ceil(quota.reset)  # reset shown in whole seconds
+        if window is None or not quota.limit > 0:
+            return None
+        return _finite(quota.limit / window)
 
 
 def parse_ratelimit(headers: Any, *, now: float) -> Quota | None:
