@@ -47,8 +47,9 @@ CLEARLY_CLOSER = 0.9
 #: of them cannot be the pair's own limit
 CLEAN_GAPS = 8
 RECENT = 10.0
-#: the site is blamed when 429s at trusted paces come from two exits this close
-SITE_WINDOW = 1.0
+#: the site is blamed when 429s its pairs' spacing does not explain come from two exits
+#: this close (or within two of the pool's intervals, whichever is longer)
+SITE_WINDOW = 0.5
 #: ... or from a third of the exits in use
 SITE_SHARE = 0.34
 #: answers since the site's rate last changed that tell what share it takes
