@@ -50,7 +50,7 @@ RECENT = 10.0
 #: the site is blamed when 429s its pairs' spacing does not explain come from two exits
 #: this close (or within two of the pool's intervals, whichever is longer)
 SITE_WINDOW = 0.5
-#: ... or from a third of the exits in use
+#: that many of the exits in use (at least two) 429ing at the pool's pace: its rate is wrong
 SITE_SHARE = 0.34
 #: answers since the site's rate last changed that tell what share it takes
 MIN_SHARE_ANSWERS = 5
