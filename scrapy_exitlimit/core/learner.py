@@ -51,7 +51,7 @@ RECENT = 10.0
 #: this close (or within two of the pool's intervals, whichever is longer)
 SITE_WINDOW = 0.5
 #: that many of the exits in use (at least two) 429ing at the pool's pace: its rate is wrong
-SITE_SHARE = 0.34
+POOL_SHARE = 0.34
 #: answers since the site's rate last changed that tell what share it takes
 MIN_SHARE_ANSWERS = 5
 #: an exit alone that 429s twice within this many seconds is slower than the pool
@@ -440,7 +440,7 @@ class OriginLearner:
         while now - blame[0][0] > max(SITE_WINDOW, 2.0 / self.pool.lo):
             blame.popleft()
         spread = len({e for _, e in blame})
-        if spread < max(2, math.ceil(SITE_SHARE * self.active_exits(now))):
+        if spread < max(2, math.ceil(POOL_SHARE * self.active_exits(now))):
             return False
         blame.clear()
         return True
