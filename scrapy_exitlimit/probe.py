@@ -20,7 +20,8 @@ Three things end an exit's walk, and they mean different things:
   and at least ``SLOW_FLOOR`` seconds: the extra requests only queued. The exit's
   capacity is reached. (Answers of a few milliseconds that stop speeding up show this
   machine's limit, not the exit's, and a higher cap costs nothing there: the floor keeps
-  them from passing for a knee.)
+  them from passing for a knee; an exit that answers unloaded within ``FAST_ANSWER``
+  seconds and then stops speeding up is **machine-bound**, below.)
 - **errors** (download errors, statuses >= 400 other than 429): the exit (or the target)
   refused the load; that level does not count.
 - **rate-limited** (429s): the target's rate limit for the exit's address answered. That
@@ -32,7 +33,10 @@ level, is how many requests it really kept in service by Little's law: its best
 throughput x its unloaded time (the lowest level's median), rounded, at most the highest
 level it carried. Past that, requests only queue: a cap there loses nothing and keeps
 a crawl's late binding free to send them to an exit with room. An exit that never
-saturated up to the highest level is suggested that level (it may carry more). No
+saturated up to the highest level is suggested that level (it may carry more), and so
+is a machine-bound one, or one that answered within ``FAST_ANSWER`` and then failed, the
+highest level it carried (for answers that fast, Little's law measures this machine:
+one process could not use the exit's capacity anyway, and a low cap would cost it). No
 suggestion, so the default stays, for an exit rate-limited before it saturated (its
 capacity is unknown: probe a URL that is not rate-limited), or one that failed at its
 lowest level.
@@ -68,6 +72,8 @@ GAIN_SHARE = 0.25
 QUEUED = 1.5
 #: ... and at least this many seconds (below, a higher cap costs nothing)
 SLOW_FLOOR = 0.05
+#: an exit answering unloaded within this many seconds is faster than this machine
+FAST_ANSWER = 0.01
 SLOT_PREFIX = "exitlimit-probe@"
 #: meta keys: when the request reached the downloader, and how long its whole answer took
 STARTED_KEY = "_exitlimit_probe_started"
@@ -78,6 +84,7 @@ class Stop:
     """Why an exit's walk ended before its highest level."""
 
     SATURATED = "saturated"
+    MACHINE = "machine-bound"
     ERRORS = "errors"
     RATE_LIMITED = "rate-limited"
 
@@ -170,16 +177,21 @@ def analyze(exit_id: str, results: Sequence[LevelResult]) -> ExitVerdict:
                 knee, stop = result.level, Stop.SATURATED
                 reason = (f"saturated: {rate:.1f}/s at {result.level} in flight, "
                           f"{rate / best:.2f}x the best below")
+                if statistics.median(counted[0].latencies) < FAST_ANSWER:
+                    stop = Stop.MACHINE
+                    reason = (f"machine-bound: {rate:.1f}/s at {result.level} in flight, "
+                              "answers too fast for the exit to be the limit")
                 break
         else:
             counted.append(result)
     throughput = {r.level: r.throughput or 0.0 for r in counted}
     if not counted or (stop == Stop.RATE_LIMITED):
         return ExitVerdict(exit_id, ordered, knee, reason, None, throughput, stop)
-    if stop is None:  # never saturated: it carried the highest level
-        return ExitVerdict(exit_id, ordered, knee, reason, counted[-1].level, throughput)
     # the median: one slow answer at the lowest level would inflate the estimate
-    in_service = max(throughput.values()) * statistics.median(counted[0].latencies)
+    unloaded = statistics.median(counted[0].latencies)
+    if stop is None or unloaded < FAST_ANSWER:  # it carried the highest level counted
+        return ExitVerdict(exit_id, ordered, knee, reason, counted[-1].level, throughput, stop)
+    in_service = max(throughput.values()) * unloaded
     suggested = max(1, min(counted[-1].level, round(in_service)))
     return ExitVerdict(exit_id, ordered, knee, reason, suggested, throughput, stop)
 

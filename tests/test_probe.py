@@ -202,3 +202,13 @@ async def test_probe_times_whole_bodies_and_tells_429s_from_saturation(tmp_path)
     exec(out[out.index("EXITLIMIT_EXIT_SETTINGS = {"):], namespace)
     assert namespace["EXITLIMIT_EXIT_SETTINGS"] == {saturating: {"concurrency": 2}}, out
     assert f"# rate-limited before saturating (default kept): {limited}" in out
+
+
+def test_fast_answers_that_stop_speeding_up_are_this_machines_limit():
+    # 1.5 ms unloaded, and at 64 in flight ~1,200/s like at 32: one process's ceiling
+    verdict = analyze("e:1", [level(1, 0.0015), level(8, 0.007), level(32, 0.026),
+                              level(64, 0.055)])
+    assert verdict.knee == 64 and verdict.stop == Stop.MACHINE
+    assert verdict.suggested == 64  # Little's law would say 2: this machine, not the exit
+    failed = analyze("e:1", [level(1, 0.0015), level(8, 0.007), level(16, 0.01, errors=3)])
+    assert failed.stop == Stop.ERRORS and failed.suggested == 8
