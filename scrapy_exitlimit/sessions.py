@@ -52,9 +52,9 @@ class StickySessions:
         self.stats = stats
         self.max_pins = max_pins
         self.pins: OrderedDict[str, str] = OrderedDict()
-        #: session being chosen -> its followers' waitables, each firing when the chooser is
-        #: admitted (None) or gave up (the exception)
-        self._choosing: dict[str, list[Any]] = {}
+        #: session being chosen -> its followers' (origin, waitable), each firing when the
+        #: chooser is admitted (None) or gave up (the exception, for its own origin)
+        self._choosing: dict[str, list[tuple[str, Any]]] = {}
         #: requests waiting for their session's chooser (they are parked too)
         self.following = 0
 
@@ -78,7 +78,7 @@ class StickySessions:
             if followers is None:
                 return await self._choose(origin, session)
             chosen = self.waitable()
-            followers.append(chosen)
+            followers.append((origin, chosen))
             self.following += 1
             try:
                 failed = await chosen
@@ -89,7 +89,7 @@ class StickySessions:
 
     async def _choose(self, origin: str, session: str) -> Lease:
         """Wait for any exit and pin the session to it; then wake its other requests."""
-        followers: list[Any] = []
+        followers: list[tuple[str, Any]] = []
         self._choosing[session] = followers
         outcome: BaseException | None = None
         try:
@@ -105,10 +105,11 @@ class StickySessions:
             return lease
         finally:
             del self._choosing[session]
-            # a cancelled chooser (or any other trouble of its own): the next one chooses
+            # a cancelled chooser (or any other trouble of its own), or one for another
+            # origin: the next one chooses
             shared = outcome if isinstance(outcome, SHARED_FAILURES) else None
-            for chosen in followers:
-                _settle(chosen, shared)
+            for their_origin, chosen in followers:
+                _settle(chosen, shared if their_origin == origin else None)
 
     def _pin(self, origin: str, session: str) -> str | None:
         """The exit the session is pinned to, while it can serve the origin."""

@@ -10,7 +10,7 @@ import scrapy
 from scrapy.utils.test import get_crawler
 from twisted.internet.defer import Deferred, ensureDeferred
 
-from scrapy_exitlimit.admission import HandedBack, Repin
+from scrapy_exitlimit.admission import ExitsUnavailable, HandedBack, Repin
 from scrapy_exitlimit.core import Lease, Limiter, Limits, make_exit
 from scrapy_exitlimit.lab import IPRule, Lab, OriginConfig
 from scrapy_exitlimit.middleware import exit_ip
@@ -187,6 +187,22 @@ async def test_followers_fail_as_their_chooser_did(kind):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_chooser_failing_for_its_origin_leaves_other_origins_to_choose():
+    queue = Queue("future")
+    sessions, _ = sessions_over(queue)
+    chooser = start(sessions, "s")
+    other = asyncio.ensure_future(sessions.admit("http://other", "s"))
+    await turn()
+    queue.fail(ExitsUnavailable("every exit banned for http://o"))
+    await turn()
+    with pytest.raises(ExitsUnavailable):
+        await outcome(chooser)
+    assert [only for only, _ in queue.parked] == [None]  # the other origin's request chooses
+    queue.admit("y")
+    assert (await outcome(other)).exit_id == "y"
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_cancelled_chooser_hands_the_choice_on():
     queue = Queue("future")
     sessions, _ = sessions_over(queue)
@@ -346,7 +362,7 @@ async def test_sessions_parked_before_their_pin_follow_it():
     # 8 sessions x 10 requests at once over 4 exits: half the sessions' first requests
     # park, and every later request of theirs parks before the session is pinned
     lab = Lab(exits=4, origin=OriginConfig(rate=40))
-    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 36}, 80, ManySessionsSpider)
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 30}, 80, ManySessionsSpider)
     spider, stats = crawler.spider, crawler.stats.get_stats()
     assert not spider.failed
     assert sorted(len(v) for v in spider.served.values()) == [10] * 8
