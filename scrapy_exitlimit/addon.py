@@ -8,7 +8,7 @@ from typing import Any
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 from scrapy.utils.misc import load_object
 
-from .config import DEFAULT_CONCURRENCY, no_exits_error, read_bool, read_exits
+from .config import DEFAULT_CONCURRENCY, exit_concurrency, no_exits_error, read_bool, read_exits
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Addon:
         if not read_bool(settings, "EXITLIMIT_ENABLED", True):
             return
         # fail closed: no exits would mean every request leaves from this machine
-        exits = len(read_exits(settings, warn=False))  # gateway templates expanded
+        exits = read_exits(settings, warn=False)  # gateway templates expanded
         if not exits:
             raise no_exits_error(settings)
         self._add_middleware(settings)
@@ -112,23 +112,26 @@ class Addon:
                          priority=_at_least_addon(settings, "DOWNLOAD_HANDLERS"))
 
     @staticmethod
-    def _size_concurrency(settings: BaseSettings, exits: int) -> None:
+    def _size_concurrency(settings: BaseSettings, exits: list[Any]) -> None:
         per_exit = _int(settings.get("EXITLIMIT_CONCURRENCY"), DEFAULT_CONCURRENCY)
-        capacity, wanted = pool_capacity(exits, per_exit)
+        caps = exit_concurrency(settings, exits, per_exit)  # EXITLIMIT_EXIT_SETTINGS too
+        capacity, wanted = pool_capacity(caps)
         if not _user_set(settings, "CONCURRENT_REQUESTS"):
             settings.set("CONCURRENT_REQUESTS", wanted, priority="addon")
         elif settings.getint("CONCURRENT_REQUESTS") < capacity:
             logger.warning(
-                "CONCURRENT_REQUESTS (%d) is below the pool's capacity (%d exits x "
-                "EXITLIMIT_CONCURRENCY %d = %d): some exits will sit idle; consider %d",
-                settings.getint("CONCURRENT_REQUESTS"), exits, per_exit, capacity, wanted)
+                "CONCURRENT_REQUESTS (%d) is below the pool's capacity (%d exits, "
+                "EXITLIMIT_CONCURRENCY %d and EXITLIMIT_EXIT_SETTINGS: %d): some exits will "
+                "sit idle; consider %d",
+                settings.getint("CONCURRENT_REQUESTS"), len(exits), per_exit, capacity, wanted)
 
 
-def pool_capacity(exits: int, per_exit: int) -> tuple[int, int]:
-    """``(capacity, CONCURRENT_REQUESTS to use)``: the pool's in-flight capacity, plus room
-    for the requests parked here, which count against CONCURRENT_REQUESTS too."""
-    capacity = exits * per_exit
-    return capacity, capacity + max(PARKING_ROOM, exits)
+def pool_capacity(caps: list[int]) -> tuple[int, int]:
+    """``(capacity, CONCURRENT_REQUESTS to use)`` for exits with these caps: the pool's
+    in-flight capacity, plus room for the requests parked here, which count against
+    CONCURRENT_REQUESTS too."""
+    capacity = sum(caps)
+    return capacity, capacity + max(PARKING_ROOM, len(caps))
 
 
 def _int(value: Any, default: int) -> int:

@@ -127,15 +127,19 @@ class AdmissionQueue:
             if got.leases:
                 self.on_admit(None, got.leases[0], now)
                 return got.leases[0]
-        result = asyncio.get_running_loop().create_future() if self._asyncio else Deferred()
-        waiter = Waiter(key, now, result)
+        waiter = Waiter(key, now, self.waitable())
         self.queues.setdefault(key, deque()).append(waiter)
         self.parked += 1
         if self.backend.synchronous:
             self._process()
         elif self._soon is None:  # requests parked in the same loop turn share one call
             self._soon = self._call_soon(self._wake_now)
-        return result
+        return waiter.result
+
+    def waitable(self) -> asyncio.Future | Deferred:
+        """Something to await, fired by whoever holds it: an asyncio future on the asyncio
+        loop (the cheapest there), else a Deferred."""
+        return asyncio.get_running_loop().create_future() if self._asyncio else Deferred()
 
     def _call_soon(self, func: Callable[[], None]) -> Any:
         if self._asyncio:

@@ -6,7 +6,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,6 +224,19 @@ def read_exits(settings: Any, *, warn: bool = True) -> list[Exit]:
             raise
         sep = " " if str(exc).startswith("entry #") else ": "
         raise ValueError(f"EXITLIMIT_EXITS{sep}{exc}") from None
+
+
+def exit_concurrency(settings: Any, exits: Sequence[Exit], default: int) -> list[int]:
+    """Each exit's in-flight cap: its EXITLIMIT_EXIT_SETTINGS concurrency, else ``default``
+    (a malformed EXITLIMIT_EXIT_SETTINGS counts as none: the config reports it)."""
+    try:
+        raw = _overrides(settings, "EXITLIMIT_EXIT_SETTINGS", {"rate", "burst", "concurrency"})
+    except ValueError:
+        raw = {}
+    ids_by_url = {ex.url: ex.id for ex in exits}
+    caps = {ids_by_url.get(with_scheme(key), key): spec.get("concurrency")
+            for key, spec in raw.items()}
+    return [caps.get(ex.id) or default for ex in exits]
 
 
 def _overrides(settings: Any, name: str, allowed: set[str]) -> dict[str, dict[str, Any]]:

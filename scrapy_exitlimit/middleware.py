@@ -6,7 +6,6 @@ import ipaddress
 import logging
 import math
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, exceptions, signals
@@ -27,6 +26,7 @@ from .failclosed import EXPECTED_PROXY_KEY
 from .policy import ResponsePolicy, Signal
 from .progress import Snapshot
 from .prometheus import PrometheusMetrics
+from .sessions import StickySessions
 from .telemetry import Telemetry
 from .wiring import check_wiring
 
@@ -60,8 +60,6 @@ CLOSE_REASON_NO_EXITS = "exitlimit_no_exits"
 TIMEOUTS: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(exceptions, "DownloadTimeoutError", None), TwistedTimeoutError,
                 TCPTimedOutError) if t is not None)
-#: sticky sessions remembered at most (the least recently used are forgotten)
-MAX_PINS = 100_000
 
 
 def exit_ip(value: bytes | None) -> str | None:
@@ -111,8 +109,9 @@ class ExitLimitMiddleware:
         self.policy: ResponsePolicy = policy_cls()
         self.exits = {ex.id: ex for ex in config.exits}
         self.queue = AdmissionQueue(self.backend, self._admitted)
-        #: sticky sessions: meta['exitlimit_session'] -> the exit it is pinned to
-        self.pins: OrderedDict[str, str] = OrderedDict()
+        self.sessions = StickySessions(
+            usable=lambda origin, exit_id: self.limiter.usable(origin, exit_id),
+            acquire=self._acquire, waitable=self.queue.waitable, stats=self.stats)
         #: windows of stated quotas that do not say how long their window is
         self.quota_windows = QuotaWindows()
         telemetry = Telemetry.from_settings(crawler.settings)
@@ -208,8 +207,7 @@ class ExitLimitMiddleware:
         """Requests parked on a pinned exit that can no longer serve them: admit anywhere."""
         for origin, only in [k for k in self.queue.queues if k[1] is not None]:
             if not self.limiter.usable(origin, only, now):
-                moved = self.queue.fail(origin, Repin(), only)
-                self.stats.inc_value("exitlimit/session_repinned", moved)
+                self.queue.fail(origin, Repin(), only)  # StickySessions counts the re-pins
 
     def _check_pool(self, now: float) -> bool:
         """The whole pool dead for EXITLIMIT_STALL_TIMEOUT: close the spider, loudly."""
@@ -268,7 +266,7 @@ class ExitLimitMiddleware:
             exits_banned=counts["banned"], exits_dead=counts["dead"],
             admitted_total=self.stats.get_value("exitlimit/admitted", 0),
             rate_limited_total=self.stats.get_value("exitlimit/response_429", 0),
-            parked=self.queue.parked)
+            parked=self.queue.parked + self.sessions.following)
 
     async def process_request(self, request: Request, spider: Any = None) -> Request | None:
         if request.meta.get("dont_exitlimit") or urlparse_cached(request).scheme not in (
@@ -282,25 +280,14 @@ class ExitLimitMiddleware:
         origin = origin_of(request)
         parked_at = self.limiter.clock()
         session = request.meta.get("exitlimit_session")
-        pin = self._pin(origin, session, parked_at) if session is not None else None
-        while True:
-            try:
-                got = self.queue.acquire(origin, pin)
-                if not isinstance(got, Lease):
-                    self.stats.inc_value("exitlimit/parked")
-                    self.stats.max_value("exitlimit/parked_max", self.queue.parked)
-                    got = await got  # a future on asyncio, a Deferred on other reactors
-                break
-            except HandedBack:
-                self.stats.inc_value("exitlimit/requeued_on_close")
-                return self._fresh_copy(request)
-            except Repin:  # its exit went bad while it waited
-                pin = None
-        if session is not None and pin is None:
-            self.pins[str(session)] = got.exit_id
-            self.pins.move_to_end(str(session))
-            while len(self.pins) > MAX_PINS:
-                self.pins.popitem(last=False)
+        try:
+            if session is None:
+                got = await self._acquire(origin, None)
+            else:
+                got = await self.sessions.admit(origin, str(session))
+        except HandedBack:
+            self.stats.inc_value("exitlimit/requeued_on_close")
+            return self._fresh_copy(request)
         exit_ = self.exits[got.exit_id]
         meta = request.meta
         meta[LEASE_KEY] = got.id
@@ -312,19 +299,14 @@ class ExitLimitMiddleware:
         meta["autothrottle_dont_adjust_delay"] = True
         return None
 
-    def _pin(self, origin: str, session: Any, now: float) -> str | None:
-        """The exit a sticky session is pinned to, while it can serve the origin (else
-        None: the request goes to any exit and the session is pinned there)."""
-        pinned = self.pins.get(str(session))
-        if pinned is None:
-            return None
-        if self.limiter.usable(origin, pinned, now):
-            return pinned
-        del self.pins[str(session)]
-        self.stats.inc_value("exitlimit/session_repinned")
-        logger.debug("exitlimit: session pinned to %s re-pinned (exit banned or dead for %s)",
-                     pinned, origin)
-        return None
+    async def _acquire(self, origin: str, only: str | None) -> Lease:
+        """A lease for ``origin`` (on exit ``only`` when given), parking until there is one."""
+        got = self.queue.acquire(origin, only)
+        if isinstance(got, Lease):
+            return got
+        self.stats.inc_value("exitlimit/parked")
+        self.stats.max_value("exitlimit/parked_max", self.queue.parked)
+        return await got  # a future on asyncio, a Deferred on other reactors
 
     def _served_from_cache(self, request: Request) -> bool:
         """HttpCacheMiddleware (900) will answer this request: it must not wait or spend tokens.

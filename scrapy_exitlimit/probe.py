@@ -1,21 +1,45 @@
-"""Probe each exit's concurrency knee, to size ``EXITLIMIT_EXIT_SETTINGS``.
+"""Probe each exit's capacity, to size ``EXITLIMIT_EXIT_SETTINGS``.
 
-``scrapy exitlimit-probe URL --exits EXITS [--levels 1,2,4,8,16] [--requests-per-level N]``
-walks each exit, one at a time, through rising concurrency levels, sending
-requests to URL through Scrapy's own downloader (``meta['proxy']`` set,
-``dont_exitlimit``), and records per level the median and p95 latency and the
-errors (download errors and statuses >= 400).
+``scrapy exitlimit-probe URL --exits EXITS [--levels 1,2,4,8,16,32] [--requests-per-level N]``
+walks each exit, one at a time, through rising concurrency levels, keeping exactly
+``level`` requests to URL in flight through Scrapy's own downloader (``meta['proxy']``
+set, ``dont_exitlimit``). Each request is timed until its body is complete (from the
+moment it reaches the downloader to ``response_downloaded``; ``download_latency`` stops
+at the response head, so a slow body would go unseen).
 
-The **knee** is the first level whose median latency exceeds twice the
-lowest level's, or that saw errors; the exit is not pushed past it. The
-**suggested concurrency** is how many requests the exit kept in service up
-to its knee (levels with errors do not count), the best level's:
+Per level it records the time of each clean answer (the first ``level`` answers, which
+may have paid for opening connections, left out), the 429s and the errors, and the
+**throughput** the exit kept up: ``level / mean time`` (Little's law: exactly ``level``
+were in flight all along).
 
-- a level still answered at about the unloaded latency (median at most
-  ``FLAT_FACTOR`` x the base, the lowest median seen) sustained all of it;
-- past that, requests were queueing somewhere, and by Little's law the exit
-  kept ``level x base / median`` in service (rounded down: the base includes
-  the way there and back, which queueing hides, so the estimate runs high).
+Three things end an exit's walk, and they mean different things:
+
+- **saturated** (the knee): a level raised the concurrency but not the throughput (it
+  gained less than ``GAIN_SHARE`` of what the extra requests would add to an exit with
+  room to spare), and its answers took ``QUEUED`` times as long as at the lowest level,
+  and at least ``SLOW_FLOOR`` seconds: the extra requests only queued. The exit's
+  capacity is reached. (Answers of a few milliseconds that stop speeding up show this
+  machine's limit, not the exit's, and a higher cap costs nothing there: the floor keeps
+  them from passing for a knee; an exit that answers unloaded within ``FAST_ANSWER``
+  seconds and then stops speeding up is **machine-bound**, below.)
+- **errors** (download errors, statuses >= 400 other than 429): the exit (or the target)
+  refused the load; that level does not count.
+- **rate-limited** (429s): the target's rate limit for the exit's address answered. That
+  says how fast the target lets one address go, not how much the exit can carry: the
+  walk stops (more would only draw more 429s) and the level does not count.
+
+The **suggested concurrency**, for an exit that saturated or failed above its lowest
+level, is how many requests it really kept in service by Little's law: its best
+throughput x its unloaded time (the lowest level's median), rounded, at most the highest
+level it carried. Past that, requests only queue: a cap there loses nothing and keeps
+a crawl's late binding free to send them to an exit with room. An exit that never
+saturated up to the highest level is suggested that level (it may carry more), and so
+is a machine-bound one, or one that answered within ``FAST_ANSWER`` and then failed, the
+highest level it carried (for answers that fast, Little's law measures this machine:
+one process could not use the exit's capacity anyway, and a low cap would cost it). No
+suggestion, so the default stays, for an exit rate-limited before it saturated (its
+capacity is unknown: probe a URL that is not rate-limited), or one that failed at its
+lowest level.
 """
 
 from __future__ import annotations
@@ -23,27 +47,46 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import scrapy
-from scrapy.http import Response
+from scrapy import signals
+from scrapy.http import Request, Response
 from twisted.python.failure import Failure
 
 from .core.exits import Exit
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LEVELS = (1, 2, 4, 8, 16)
+DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
 DEFAULT_REQUESTS_PER_LEVEL = 20
 MAX_LEVEL = 512
-#: a level whose median latency is more than this many times the base is the knee
-KNEE_FACTOR = 2.0
-#: a level whose median latency is at most this many times the base did not queue
-FLAT_FACTOR = 1.15
+#: a level that gains less than this share of the throughput its extra requests would add
+#: to an exit with room to spare (doubling: x1.25) is saturated
+GAIN_SHARE = 0.25
+#: a saturated level's answers take at least this many times the lowest level's ...
+QUEUED = 1.5
+#: ... and at least this many seconds (below, a higher cap costs nothing)
+SLOW_FLOOR = 0.05
+#: an exit answering unloaded within this many seconds is faster than this machine
+FAST_ANSWER = 0.01
 SLOT_PREFIX = "exitlimit-probe@"
+#: meta keys: when the request reached the downloader, and how long its whole answer took
+STARTED_KEY = "_exitlimit_probe_started"
+TIME_KEY = "exitlimit_probe_time"
+
+
+class Stop:
+    """Why an exit's walk ended before its highest level."""
+
+    SATURATED = "saturated"
+    MACHINE = "machine-bound"
+    ERRORS = "errors"
+    RATE_LIMITED = "rate-limited"
 
 
 @dataclass
@@ -53,10 +96,11 @@ class LevelResult:
     exit_id: str
     level: int
     sent: int = 0
-    #: latencies (s) of the successful answers, less the first ``level`` answers,
+    #: whole-answer times (s) of the clean answers, less the first ``level`` answers,
     #: which may have paid for opening connections
     latencies: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+    rate_limited: int = 0  # 429 answers
     answered: int = 0
 
     @property
@@ -74,27 +118,36 @@ class LevelResult:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
+    @property
+    def throughput(self) -> float | None:
+        """Answers per second with ``level`` in flight (Little's law), None: no answer."""
+        if not self.latencies:
+            return None
+        mean = statistics.fmean(self.latencies)
+        return self.level / mean if mean > 0 else math.inf
+
 
 @dataclass
 class ExitVerdict:
     exit_id: str
     levels: list[LevelResult]
-    knee: int | None  # the level, None: none up to the highest probed
-    reason: str  # why that level is the knee
-    suggested: int | None  # None: the exit failed at its lowest level
-    sustained: dict[int, float] = field(default_factory=dict)  # per level
+    knee: int | None  # the level that ended the walk, None: none up to the highest probed
+    reason: str  # why that level ended it
+    suggested: int | None  # None: keep the default (see ``stop``)
+    throughput: dict[int, float] = field(default_factory=dict)  # per counted level
+    stop: str | None = None  # a Stop value, None: walked every level
 
 
-def is_knee(result: LevelResult, base: float | None, base_level: int = 1) -> str | None:
-    """Why ``result`` is the knee (``base``: the median latency at ``base_level``), or None."""
+def _stop_at(result: LevelResult) -> tuple[str, str] | None:
+    """(Stop, why) when ``result`` ends the walk on its own answers, else None."""
+    if result.rate_limited:
+        return Stop.RATE_LIMITED, (f"rate-limited ({result.rate_limited} x 429): the target's "
+                                   "limit per address, not the exit's capacity")
     if result.error_count:
         kinds = ", ".join(f"{k} x{n}" for k, n in result.errors.most_common(3))
-        return f"errors ({kinds})"
-    median = result.median
-    if median is None or base is None:
-        return "no answer"
-    if median > KNEE_FACTOR * base:
-        return f"median {median / base:.1f}x the level-{base_level} median"
+        return Stop.ERRORS, f"errors ({kinds})"
+    if not result.latencies:
+        return Stop.ERRORS, "no answer"
     return None
 
 
@@ -103,28 +156,44 @@ def analyze(exit_id: str, results: Sequence[LevelResult]) -> ExitVerdict:
     ordered = sorted(results, key=lambda r: r.level)
     if not ordered:
         return ExitVerdict(exit_id, [], None, "not probed", None)
-    first = ordered[0]
-    base = first.median if not first.error_count else None
-    knee, reason = None, ""
+    knee: int | None = None
+    reason, stop = "", None
     counted: list[LevelResult] = []
     for result in ordered:
-        why = is_knee(result, base, first.level)
-        if not result.error_count and result.median:
-            counted.append(result)
-        if why is not None:
-            knee, reason = result.level, why
+        ended = _stop_at(result)
+        if ended is not None:
+            knee, (stop, reason) = result.level, ended
             break
-    if base is None or not counted:
-        return ExitVerdict(exit_id, ordered, knee, reason, None)
-    unloaded = min(r.median for r in counted if r.median)
-    sustained: dict[int, float] = {}
-    for r in counted:
-        assert r.median
-        sustained[r.level] = (r.level if r.median <= FLAT_FACTOR * unloaded
-                              else min(r.level, r.level * unloaded / r.median))
-    # rounded down, with a little slack for a measurement just under a whole request
-    suggested = max(1, max(math.floor(v + 0.1) for v in sustained.values()))
-    return ExitVerdict(exit_id, ordered, knee, reason, suggested, sustained)
+        rate = result.throughput
+        assert rate is not None
+        if counted:
+            prev = counted[-1]
+            best = max(r.throughput or 0.0 for r in counted)
+            wanted = 1 + GAIN_SHARE * (result.level / prev.level - 1)
+            counted.append(result)
+            mean = statistics.fmean(result.latencies)
+            unloaded = statistics.fmean(counted[0].latencies)
+            if rate < wanted * best and mean >= max(QUEUED * unloaded, SLOW_FLOOR):
+                knee, stop = result.level, Stop.SATURATED
+                reason = (f"saturated: {rate:.1f}/s at {result.level} in flight, "
+                          f"{rate / best:.2f}x the best below")
+                if statistics.median(counted[0].latencies) < FAST_ANSWER:
+                    stop = Stop.MACHINE
+                    reason = (f"machine-bound: {rate:.1f}/s at {result.level} in flight, "
+                              "answers too fast for the exit to be the limit")
+                break
+        else:
+            counted.append(result)
+    throughput = {r.level: r.throughput or 0.0 for r in counted}
+    if not counted or (stop == Stop.RATE_LIMITED):
+        return ExitVerdict(exit_id, ordered, knee, reason, None, throughput, stop)
+    # the median: one slow answer at the lowest level would inflate the estimate
+    unloaded = statistics.median(counted[0].latencies)
+    if stop is None or unloaded < FAST_ANSWER:  # it carried the highest level counted
+        return ExitVerdict(exit_id, ordered, knee, reason, counted[-1].level, throughput, stop)
+    in_service = max(throughput.values()) * unloaded
+    suggested = max(1, min(counted[-1].level, round(in_service)))
+    return ExitVerdict(exit_id, ordered, knee, reason, suggested, throughput, stop)
 
 
 def _s(value: float | None) -> str:
@@ -133,27 +202,31 @@ def _s(value: float | None) -> str:
 
 def format_verdicts(verdicts: Sequence[ExitVerdict], url: str = "") -> str:
     """The table per exit and level, each exit's knee, and the settings to paste."""
-    header = (f"{'exit':<32} {'level':>5} {'timed':>5} {'errors':>6} {'median s':>8} "
-              f"{'p95 s':>7} {'x base':>6} {'sustained':>9}")
-    lines = [f"exitlimit-probe {url}".rstrip(), "", header, "-" * len(header)]
+    header = (f"{'exit':<32} {'level':>5} {'timed':>5} {'429':>4} {'errors':>6} "
+              f"{'median s':>8} {'p95 s':>7} {'answers/s':>9}")
+    lines = [f"exitlimit-probe {url}".rstrip(),
+             "(times: until the body is complete; answers/s: level / mean time)", "",
+             header, "-" * len(header)]
     for v in verdicts:
-        base = v.levels[0].median if v.levels else None
         for i, r in enumerate(v.levels):
-            ratio = r.median / base if r.median is not None and base else None
-            mark = "  <- knee" if r.level == v.knee else ""
+            mark = "  <- " + (v.stop or "knee") if r.level == v.knee else ""
+            rate = r.throughput
             lines.append(
                 f"{v.exit_id if i == 0 else '':<32} {r.level:>5} {len(r.latencies):>5} "
-                f"{r.error_count:>6} {_s(r.median):>8} {_s(r.p95):>7} "
-                f"{'-' if ratio is None else f'{ratio:.2f}':>6} "
-                f"{'-' if r.level not in v.sustained else f'{v.sustained[r.level]:.1f}':>9}"
-                f"{mark}")
+                f"{r.rate_limited:>4} {r.error_count:>6} {_s(r.median):>8} {_s(r.p95):>7} "
+                f"{'-' if rate is None else f'{rate:.1f}':>9}{mark}")
         if v.knee is not None:
-            verdict = f"knee at {v.knee}: {v.reason}"
+            verdict = f"stopped at {v.knee}: {v.reason}"
         else:
             top = v.levels[-1].level if v.levels else 0
-            verdict = f"no knee up to {top}: it may carry more"
-        suggestion = (f"suggested concurrency {v.suggested}" if v.suggested is not None
-                      else "no suggestion: it failed at its lowest level")
+            verdict = f"not saturated up to {top}: it may carry more"
+        if v.suggested is not None:
+            suggestion = f"suggested concurrency {v.suggested}"
+        elif v.stop == Stop.RATE_LIMITED:
+            suggestion = ("no suggestion: rate-limited before it saturated (probe a URL "
+                          "without a rate limit); keep the default")
+        else:
+            suggestion = "no suggestion: it failed at its lowest level"
         lines.append(f"    -> {verdict}; {suggestion}")
     lines += ["", suggest_settings(verdicts)]
     return "\n".join(lines)
@@ -163,8 +236,11 @@ def suggest_settings(verdicts: Sequence[ExitVerdict]) -> str:
     """``EXITLIMIT_EXIT_SETTINGS = {...}`` for the exits that got a suggestion."""
     rows = [f'    "{v.exit_id}": {{"concurrency": {v.suggested}}},'
             for v in verdicts if v.suggested is not None]
-    failed = [v.exit_id for v in verdicts if v.suggested is None]
+    limited = [v.exit_id for v in verdicts if v.suggested is None and v.stop == Stop.RATE_LIMITED]
+    failed = [v.exit_id for v in verdicts if v.suggested is None and v.stop != Stop.RATE_LIMITED]
     out = "EXITLIMIT_EXIT_SETTINGS = {\n" + "\n".join(rows) + ("\n" if rows else "") + "}"
+    if limited:
+        out += "\n# rate-limited before saturating (default kept): " + ", ".join(limited)
     if failed:
         out += "\n# no answer to size: " + ", ".join(failed)
     return out
@@ -214,6 +290,24 @@ class ProbeSpider(scrapy.Spider):
         self._exit_levels: list[LevelResult] = []
         self._to_send = self._outstanding = 0
 
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> ProbeSpider:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider._reached, signal=signals.request_reached_downloader)
+        crawler.signals.connect(spider._downloaded, signal=signals.response_downloaded)
+        return spider
+
+    @staticmethod
+    def _reached(request: Request, spider: Any = None) -> None:
+        request.meta[STARTED_KEY] = time.monotonic()
+
+    @staticmethod
+    def _downloaded(response: Response, request: Request, spider: Any = None) -> None:
+        """The body is complete here (``download_latency`` stopped at the head)."""
+        started = request.meta.get(STARTED_KEY)
+        if started is not None:
+            request.meta[TIME_KEY] = time.monotonic() - started
+
     async def start(self) -> Any:
         for request in self._next_level():
             yield request
@@ -224,9 +318,9 @@ class ProbeSpider(scrapy.Spider):
             done = self._current
             self._exit_levels.append(done)
             self.results.append(done)
-            logger.info("exitlimit-probe: %s level %d: median %s s, p95 %s s, %d error(s)",
-                        done.exit_id, done.level, _s(done.median), _s(done.p95),
-                        done.error_count)
+            logger.info("exitlimit-probe: %s level %d: median %s s, p95 %s s, %d x 429, "
+                        "%d error(s)", done.exit_id, done.level, _s(done.median),
+                        _s(done.p95), done.rate_limited, done.error_count)
             verdict = analyze(done.exit_id, self._exit_levels)
             if verdict.knee is not None or self._level_i + 1 >= len(self.levels):
                 self._exit_i, self._level_i, self._exit_levels = self._exit_i + 1, -1, []
@@ -257,10 +351,12 @@ class ProbeSpider(scrapy.Spider):
         result = self._current
         assert result is not None
         result.answered += 1
-        if response.status >= 400:
+        if response.status == 429:
+            result.rate_limited += 1
+        elif response.status >= 400:
             result.errors[f"HTTP {response.status}"] += 1
         elif result.answered > result.level:  # past the answers that opened connections
-            latency = response.meta.get("download_latency")
+            latency = response.meta.get(TIME_KEY)
             if latency is not None:
                 result.latencies.append(latency)
         yield from self._after_answer()

@@ -69,7 +69,7 @@ def addon_loaded(crawler: Crawler) -> bool:
 
 def without_addon(settings: Any, exits: int, per_exit: int) -> str:
     """What the add-on would have set, against what is set (one warning)."""
-    capacity, wanted = pool_capacity(exits, per_exit)
+    capacity, wanted = pool_capacity([per_exit] * exits)
     have = settings.getint("CONCURRENT_REQUESTS")
     handlers = settings.getwithbase("DOWNLOAD_HANDLERS")
     lines = [

@@ -2,6 +2,7 @@ import logging
 
 import pytest
 from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
+from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 from scrapy_exitlimit.addon import (
@@ -11,7 +12,7 @@ from scrapy_exitlimit.addon import (
     AddonConfigError,
     user_order,
 )
-from scrapy_exitlimit.config import NoExits
+from scrapy_exitlimit.config import NoExits, read_exits
 from scrapy_exitlimit.middleware import ExitLimitMiddleware
 
 EXITS = [f"http://127.0.0.1:{9000 + i}" for i in range(10)]
@@ -76,6 +77,16 @@ def test_gateway_templates_count_once_per_session():
     s = settings_after_addons(EXITLIMIT_EXITS=["http://u-{session}:p@127.0.0.1:7777", EXITS[0]],
                               EXITLIMIT_SESSIONS=20, EXITLIMIT_CONCURRENCY=2)
     assert s.getint("CONCURRENT_REQUESTS") == 21 * 2 + 21
+
+
+def test_per_exit_concurrency_sizes_the_pool():
+    # as the probe suggests: keyed by URL or by id; a malformed table counts as none
+    ids = [e.id for e in read_exits(Settings({"EXITLIMIT_EXITS": EXITS[:2]}))]
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS[:2], EXITLIMIT_EXIT_SETTINGS={
+        EXITS[0]: {"concurrency": 24}, ids[1]: {"concurrency": 4}})
+    assert s.getint("CONCURRENT_REQUESTS") == 24 + 4 + 16
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS[:2], EXITLIMIT_EXIT_SETTINGS="nonsense")
+    assert s.getint("CONCURRENT_REQUESTS") == 2 * 8 + 16
 
 
 def test_installs_the_credential_keyed_handler_unless_you_chose_one():

@@ -488,3 +488,41 @@ def test_cli_serves_until_terminated(monkeypatch):
         _, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     assert "lab stopped after 1 requests" in err
+
+
+async def _timed(client: Client, url: str) -> tuple[float, float, bytes]:
+    """(seconds to the head, seconds to the whole body, body) of one GET through a proxy."""
+    h = Headers()
+    if client.auth is not None:
+        h.addRawHeader(b"Proxy-Authorization", client.auth)
+    start = time.monotonic()
+    response = await client.agent.request(b"GET", url.encode(), h, None)
+    head = time.monotonic() - start
+    body = await readBody(response)
+    return head, time.monotonic() - start, body
+
+
+@pytest.mark.filterwarnings("ignore:Using readBody:DeprecationWarning")
+@pytest_twisted.ensureDeferred
+async def test_a_slow_body_passes_the_proxy_as_it_arrives(env):
+    # the head at once, the body over 0.2 s: a client timing the head sees none of it
+    lab = env.lab(exits=1, origin=OriginConfig(rate=None, body_time=0.2))
+    head, whole, body = await _timed(env.client(lab.exit_urls[0]), lab.page_url(3))
+    assert head < 0.1 and 0.19 < whole < 0.5, (head, whole)
+    assert b"<h1>page 3</h1>" in body and body.endswith(b"</html>\n")
+    with pytest.raises(ValueError, match="body_time"):
+        OriginConfig(body_time=-1)
+
+
+@pytest.mark.filterwarnings("ignore:Using readBody:DeprecationWarning")
+@pytest_twisted.ensureDeferred
+async def test_a_proxy_with_a_capacity_queues_what_is_over_it(env):
+    # 2 forwarded at once, each answered after 0.1 s: 4 at once take 0.1 s and 0.2 s
+    lab = env.lab(exits=1, origin=OriginConfig(rate=None, latency=0.1),
+                  proxy_kwargs={0: {"capacity": 2}})
+    client = env.client(lab.exit_urls[0])
+    times = sorted(t for _, t, _ in await gatherResults(
+        [Deferred.fromCoroutine(_timed(client, lab.page_url(n))) for n in range(4)]))
+    assert times[1] < 0.17 and times[2] > 0.18, times
+    with pytest.raises(ValueError, match="capacity"):
+        ForwardProxy(capacity=0)

@@ -17,43 +17,66 @@ from twisted.web.client import Agent, readBody
 
 from scrapy_exitlimit.config import read_exits
 from scrapy_exitlimit.lab import IPRule, Lab, OriginConfig
-from scrapy_exitlimit.probe import LevelResult, analyze, format_verdicts, parse_levels
+from scrapy_exitlimit.probe import LevelResult, Stop, analyze, format_verdicts, parse_levels
 
 SCRAPY = str(Path(sys.executable).parent / "scrapy")
 pytestmark = pytest.mark.filterwarnings("ignore:Using readBody:DeprecationWarning")
 
 
-def level(n: int, median: float, errors: int = 0, exit_: str = "e:1") -> LevelResult:
-    result = LevelResult(exit_, n, latencies=[median] * 5)
+def level(n: int, mean: float, errors: int = 0, exit_: str = "e:1",
+          rate_limited: int = 0) -> LevelResult:
+    result = LevelResult(exit_, n, latencies=[mean] * 5, rate_limited=rate_limited)
     if errors:
         result.errors["HTTP 503"] = errors
     return result
 
 
-def test_knee_where_latency_doubles_and_suggestion_is_what_was_sustained():
-    # capacity 4 at 0.1 s each: level 8 queues (0.2 s), level 16 more so (0.4 s)
+def test_knee_where_throughput_stops_growing_and_suggestion_is_what_was_kept_in_service():
+    # capacity 4 at 0.1 s each: 10, 20, 40 answers/s, then level 8 only queues (0.2 s)
     verdict = analyze("e:1", [level(1, 0.1), level(2, 0.1), level(4, 0.1), level(8, 0.2),
                               level(16, 0.4)])
-    assert verdict.knee == 16 and "4.0x the level-1 median" in verdict.reason
-    assert verdict.sustained == {1: 1, 2: 2, 4: 4, 8: 4, 16: 4}
+    assert verdict.knee == 8 and verdict.stop == Stop.SATURATED
+    assert "saturated: 40.0/s at 8 in flight" in verdict.reason
+    assert verdict.throughput == pytest.approx({1: 10, 2: 20, 4: 40, 8: 40})
     assert verdict.suggested == 4
 
 
 def test_errors_are_a_knee_and_that_level_does_not_count():
     verdict = analyze("e:1", [level(1, 0.1), level(2, 0.1), level(4, 0.11, errors=2)])
-    assert verdict.knee == 4 and "HTTP 503 x2" in verdict.reason
+    assert verdict.knee == 4 and verdict.stop == Stop.ERRORS and "HTTP 503 x2" in verdict.reason
     assert verdict.suggested == 2
 
 
 def test_no_knee_and_failed_exits():
     verdict = analyze("e:1", [level(1, 0.1), level(2, 0.1), level(4, 0.12)])
-    assert verdict.knee is None and verdict.suggested == 3  # 4 x 0.1 / 0.12 = 3.3
+    assert verdict.knee is None and verdict.suggested == 4  # it carried the highest level
     dead = analyze("d:1", [LevelResult("d:1", 1, errors=Counter(ConnectionRefusedError=20))])
     assert dead.knee == 1 and dead.suggested is None
     text = format_verdicts([verdict, dead])
-    assert "no knee up to 4" in text
-    assert 'EXITLIMIT_EXIT_SETTINGS = {\n    "e:1": {"concurrency": 3},\n}' in text
+    assert "not saturated up to 4" in text
+    assert 'EXITLIMIT_EXIT_SETTINGS = {\n    "e:1": {"concurrency": 4},\n}' in text
     assert "# no answer to size: d:1" in text
+
+
+def test_429s_are_the_targets_limit_not_the_exits_capacity():
+    # the rate limit answers from level 2 on: no capacity seen, the default stays
+    verdict = analyze("e:1", [level(1, 0.002), level(2, 0.002, rate_limited=9),
+                              level(4, 0.002, rate_limited=30)])
+    assert verdict.knee == 2 and verdict.stop == Stop.RATE_LIMITED
+    assert verdict.suggested is None
+    text = format_verdicts([verdict])
+    assert "rate-limited (9 x 429)" in text and "keep the default" in text
+    assert "EXITLIMIT_EXIT_SETTINGS = {\n}" in text
+    assert "# rate-limited before saturating (default kept): e:1" in text
+    # 429s at level 1 alone: nothing to size either
+    assert analyze("e:1", [level(1, 0.002, rate_limited=19)]).suggested is None
+
+
+def test_milliseconds_that_stop_speeding_up_are_not_a_knee():
+    # an origin that answers at once: this machine, not the exit, sets the pace
+    verdict = analyze("e:1", [level(1, 0.001), level(2, 0.002), level(4, 0.004),
+                              level(8, 0.008), level(16, 0.016), level(32, 0.03)])
+    assert verdict.knee is None and verdict.suggested == 32
 
 
 def test_parse_levels():
@@ -91,6 +114,10 @@ def test_lab_cli_capacity():
 
     assert build_lab(parse_args(["--capacity", "4"])).origin.config.capacity == 4
     assert build_lab(parse_args([])).origin.config.capacity is None
+    lab = build_lab(parse_args(["--exits", "2", "--body-time", "0.2",
+                                "--proxy-capacity", "127.0.0.11=6"]))
+    assert lab.origin.config.body_time == 0.2
+    assert [p.capacity for p in lab.proxies] == [None, 6]
 
 
 def test_capacity_must_be_positive():
@@ -110,7 +137,8 @@ async def test_probe_command_finds_each_exits_capacity(tmp_path):
         exits = lab.exit_urls
         out, err, code = await getProcessOutputAndValue(
             SCRAPY, ["exitlimit-probe", lab.page_url(1), "--exits", ",".join(exits),
-                     "--levels", "1,2,4,8", "--requests-per-level", "8", "-L", "WARNING"],
+                     "--levels", "1,2,4,8,16", "--requests-per-level", "16", "-L",
+                     "WARNING"],
             env=dict(os.environ), path=str(tmp_path))
     finally:
         await lab.stop()
@@ -140,9 +168,47 @@ def test_probe_command_usage_errors(tmp_path):
     assert run.returncode == 2 and "--levels" in run.stderr
 
 
-def test_a_flat_level_counts_whole_and_a_queued_one_by_littles_law():
-    # capacity 3 at 0.05 s: level 4 keeps one queued, 4 x 0.05 / 0.0667 = 3
-    verdict = analyze("e:1", [level(1, 0.05), level(2, 0.052), level(4, 0.0667),
-                              level(8, 0.133)])
-    assert verdict.sustained[2] == 2 and verdict.sustained[4] == pytest.approx(3.0, abs=0.01)
-    assert verdict.suggested == 3
+def test_between_two_levels_littles_law_gives_the_capacity():
+    # capacity 6 at 0.1 s: 40/s at 4, 60/s at 8 and 16: 60/s x 0.1 s = 6 in service
+    verdict = analyze("e:1", [level(1, 0.1), level(2, 0.1), level(4, 0.1), level(8, 0.133),
+                              level(16, 0.267)])
+    assert verdict.knee == 16 and verdict.suggested == 6
+
+
+@pytest_twisted.ensureDeferred
+async def test_probe_times_whole_bodies_and_tells_429s_from_saturation(tmp_path):
+    # exit 0: a proxy that forwards 2 at once, bodies that take 0.1 s to send (the head
+    # comes at once); exit 1: the origin lets its address go 2 r/s
+    lab = Lab(exits=2, proxy_kwargs={0: {"capacity": 2}}, origin=OriginConfig(
+        rate=None, body_time=0.1, per_ip={"127.0.0.11": IPRule(rate=2)}))
+    await lab.start()
+    try:
+        exits = lab.exit_urls
+        out, err, code = await getProcessOutputAndValue(
+            SCRAPY, ["exitlimit-probe", lab.page_url(1), "--exits", ",".join(exits),
+                     "--levels", "1,2,4,8", "--requests-per-level", "8", "-L", "WARNING"],
+            env=dict(os.environ), path=str(tmp_path))
+    finally:
+        await lab.stop()
+    out, err = out.decode(), err.decode()
+    assert code == 0, err
+    saturating, limited = (e.id for e in read_exits(Settings({"EXITLIMIT_EXIT_SETTINGS": {},
+                                                                "EXITLIMIT_EXITS": exits})))
+    first_row = next(line for line in out.splitlines() if line.startswith(saturating))
+    median = float(first_row.split()[5])
+    assert 0.1 <= median < 0.2, out  # the whole body, not the head (~1 ms)
+    assert "saturated" in out and "rate-limited (" in out, out
+    namespace: dict = {}
+    exec(out[out.index("EXITLIMIT_EXIT_SETTINGS = {"):], namespace)
+    assert namespace["EXITLIMIT_EXIT_SETTINGS"] == {saturating: {"concurrency": 2}}, out
+    assert f"# rate-limited before saturating (default kept): {limited}" in out
+
+
+def test_fast_answers_that_stop_speeding_up_are_this_machines_limit():
+    # 1.5 ms unloaded, and at 64 in flight ~1,200/s like at 32: one process's ceiling
+    verdict = analyze("e:1", [level(1, 0.0015), level(8, 0.007), level(32, 0.026),
+                              level(64, 0.055)])
+    assert verdict.knee == 64 and verdict.stop == Stop.MACHINE
+    assert verdict.suggested == 64  # Little's law would say 2: this machine, not the exit
+    failed = analyze("e:1", [level(1, 0.0015), level(8, 0.007), level(16, 0.01, errors=3)])
+    assert failed.stop == Stop.ERRORS and failed.suggested == 8

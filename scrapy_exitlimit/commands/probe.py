@@ -1,4 +1,4 @@
-"""``scrapy exitlimit-probe URL --exits EXITS [--levels 1,2,4,8,16] [--requests-per-level N]``."""
+"""``scrapy exitlimit-probe URL --exits EXITS [--levels 1,2,4,...] [--requests-per-level N]``."""
 
 from __future__ import annotations
 
@@ -33,10 +33,13 @@ class Command(ScrapyCommand):
 
     def long_desc(self) -> str:
         return ("Send requests to URL through each exit at rising concurrency levels, "
-                "report median / p95 latency and errors per level, find the knee (median "
-                "over 2x the lowest level's, or errors) and print EXITLIMIT_EXIT_SETTINGS "
-                "with a concurrency per exit. EXITS are proxy URLs, comma-separated, or a "
-                "file with one per line, by default the EXITLIMIT_EXITS setting.")
+                "timing each answer until its body is complete; report per level the "
+                "median / p95 time, 429s, errors and answers per second; stop an exit where "
+                "it saturates (more in flight, no more answers per second), fails, or is "
+                "rate-limited (429s: the target's limit, not the exit's capacity), and print "
+                "EXITLIMIT_EXIT_SETTINGS with the concurrency each exit kept in service. "
+                "EXITS are proxy URLs, comma-separated, or a file with one per line, by "
+                "default the EXITLIMIT_EXITS setting.")
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)

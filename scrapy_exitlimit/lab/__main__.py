@@ -2,6 +2,9 @@
 
 Example: python -m scrapy_exitlimit.lab --exits 10 --rate 5 --ban 127.0.0.12 --slow 127.0.0.13=1
 
+Capacity: --body-time 0.2 (each body takes 0.2 s to send) --proxy-capacity 127.0.0.10=24
+(that exit forwards 24 requests at once, the rest queue)
+
 Faults: --fail 127.0.0.14=407 --reset 127.0.0.15=3 --reset-probability 127.0.0.16=0.2
 --blackhole 127.0.0.17 --stall /page/3 --stall-fraction 0.01 --seed 1
 """
@@ -84,6 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency", type=float, default=0.0, help="seconds before every answer")
     p.add_argument("--capacity", type=int, default=0,
                    help="answers in service at once per client IP, the rest queue; 0: unbounded")
+    p.add_argument("--body-time", type=float, default=0.0,
+                   help="seconds to send each body, in pieces, after the head")
+    p.add_argument("--proxy-capacity", nargs="+", action="extend", default=[], metavar="IP=N",
+                   type=_ip_value(int, "N with N >= 1", lambda n: n >= 1),
+                   help="this exit forwards at most N requests at once, the rest queue")
     p.add_argument("--dead", type=int, default=0, help="exit URLs nobody listens on")
     p.add_argument("--ratelimit-headers", action="store_true")
     p.add_argument("--proxy-auth", type=_credentials, default=None, metavar="USER:PASS")
@@ -124,6 +132,7 @@ def build_lab(args: argparse.Namespace) -> Lab:
         origin_rate=args.origin_rate or None,
         origin_burst=args.origin_burst,
         latency=args.latency,
+        body_time=args.body_time,
         per_ip=per_ip,
         ratelimit_headers=args.ratelimit_headers,
         capacity=args.capacity or None,
@@ -147,6 +156,8 @@ def build_lab(args: argparse.Namespace) -> Lab:
         fault(ip, reset_probability=probability, seed=seed)
     for ip in args.blackhole:
         fault(ip, blackhole=True)
+    for ip, capacity in args.proxy_capacity:
+        fault(ip, capacity=capacity)
     return Lab(
         args.exits,
         config,
@@ -164,7 +175,8 @@ def lab_faults(lab: Lab) -> dict[int, dict[str, Any]]:
         kw = {name: value for name, value in (
             ("fail_status", proxy.fail_status), ("reset_every", proxy.reset_every),
             ("reset_probability", proxy.reset_probability or None),
-            ("blackhole", proxy.blackhole or None)) if value is not None}
+            ("blackhole", proxy.blackhole or None), ("capacity", proxy.capacity))
+            if value is not None}
         if kw:
             out[i] = kw
     return out
@@ -203,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = lab.origin.config
     logger.info(
         "origin %s: %s r/s per IP (burst %d), origin limit %s, retry-after %s (%s), "
-        "latency %.3fs; %d exits, %d dead; banned %s; slow %s",
+        "latency %.3fs, body %.3fs; %d exits, %d dead; banned %s; slow %s",
         lab.origin_url,
         cfg.rate or "unlimited",
         cfg.burst,
@@ -211,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.retry_after,
         cfg.retry_after_mode,
         cfg.latency,
+        cfg.body_time,
         len(lab.proxies),
         lab.dead_exits,
         args.ban or "none",

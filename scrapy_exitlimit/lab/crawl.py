@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         "ok": spider.ok_count,
         "failed": spider.failed,
         "wall": stats.get("elapsed_time_seconds"),
+        "crawl_seconds": spider.crawl_seconds,  # first request to last outcome
         "finish_reason": stats.get("finish_reason"),
         "exitlimit": {k: v for k, v in stats.items() if k.startswith("exitlimit/")},
     }, sys.stdout, default=str)

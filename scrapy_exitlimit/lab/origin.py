@@ -4,6 +4,10 @@ Every decision is made on arrival with a GCRA per client IP (and optionally one 
 whole origin); every arrival is recorded so tests and the benchmark can check, after the
 fact, how hard each exit really hit the origin.
 
+A slow body, off by default: ``OriginConfig.body_time`` sends the head at once and the
+body in pieces over that many seconds, as a big page on a slow link arrives (a client
+timing the head alone sees none of it).
+
 A fault, off by default: the origin can *stall* chosen pages, or a fraction of page
 requests: accept them and never answer (``OriginConfig.stall_paths`` / ``stall_fraction``).
 """
@@ -38,6 +42,8 @@ _EPS = 1e-9
 _STATUSES = (200, 429, 403, 503, 404)
 _MODES = ("seconds", "http-date", "none")
 _HTML = b"text/html; charset=utf-8"
+#: pieces a slow body (OriginConfig.body_time) is sent in
+BODY_PIECES = 4
 
 
 class _Inherit(Enum):
@@ -71,6 +77,9 @@ class OriginConfig:
     origin_burst: int = 1
     origin_status: int = 503
     latency: float = 0.0  # seconds before every answer
+    # seconds from the head to the last byte of the body, sent in BODY_PIECES pieces
+    # (an answer in service, see capacity, stays in service until its body is sent)
+    body_time: float = 0.0
     per_ip: dict[str, IPRule] = field(default_factory=dict)
     ratelimit_headers: bool = False
     # answers in service at once per client IP (each takes its latency); the rest queue
@@ -92,6 +101,8 @@ class OriginConfig:
             raise ValueError("stall_fraction must be in [0, 1]")
         if self.stall_times is not None and self.stall_times < 1:
             raise ValueError("stall_times must be >= 1 (None means always)")
+        if self.body_time < 0:
+            raise ValueError("body_time must be >= 0")
         if self.retry_after_mode not in _MODES:
             raise ValueError(f"retry_after_mode must be one of {_MODES}")
         rates = [self.rate, self.origin_rate] + [r.rate for r in self.per_ip.values()]
@@ -128,11 +139,11 @@ class _Service:
 
 
 class _Job:
-    __slots__ = ("request", "body", "delay", "call", "gone")
+    __slots__ = ("request", "body", "delay", "body_time", "call", "gone")
 
-    def __init__(self, request: Request, body: bytes, delay: float) -> None:
-        self.request, self.body, self.delay = request, body, delay
-        self.call: Any = None  # the pending answer, once in service
+    def __init__(self, request: Request, body: bytes, delay: float, body_time: float) -> None:
+        self.request, self.body, self.delay, self.body_time = request, body, delay, body_time
+        self.call: Any = None  # the pending answer (or its next piece), once in service
         self.gone = False  # answered, or the client hung up
 
 
@@ -437,27 +448,28 @@ class Origin(ListeningServer):
         st.status[status] += 1
         st.statuses.append(status)
         _set(request, status, body, _HTML)
-        if delay <= 0:
+        body_time = self.config.body_time
+        if delay <= 0 and body_time <= 0:
             return body
         if self.config.capacity is not None or self.config.per_ip:
             capacity = self.config.capacity_for(request.getClientAddress().host)
             if capacity is not None:
-                return self._serve_within(request, body, delay, capacity)
-        from twisted.internet import reactor
-
+                return self._serve_within(request, body, delay, body_time, capacity)
         # Delay without blocking; a client that hangs up cancels its pending answer.
-        call = reactor.callLater(delay, _finish, request, body)
-        request.notifyFinish().addErrback(lambda _: call.cancel() if call.active() else None)
+        job = _Job(request, body, delay, body_time)
+        request.notifyFinish().addErrback(lambda _: _cancel(job))
+        _schedule(job, lambda: None)
         return NOT_DONE_YET
 
-    def _serve_within(self, request: Request, body: bytes, delay: float, capacity: int) -> int:
+    def _serve_within(self, request: Request, body: bytes, delay: float, body_time: float,
+                      capacity: int) -> int:
         """Answer after ``delay`` once fewer than ``capacity`` answers to this IP are in
         service; queue FIFO until then (the decision was already made on arrival)."""
         ip = request.getClientAddress().host
         service = self._service.get(ip)
         if service is None:
             service = self._service[ip] = _Service(capacity)
-        job = _Job(request, body, delay)
+        job = _Job(request, body, delay, body_time)
         # a client that hangs up leaves the queue, or frees its place in service
         request.notifyFinish().addErrback(lambda _: self._hung_up(service, job))
         service.queue.append(job)
@@ -465,20 +477,15 @@ class Origin(ListeningServer):
         return NOT_DONE_YET
 
     def _start_service(self, service: _Service) -> None:
-        from twisted.internet import reactor
-
         while service.busy < service.capacity and service.queue:
             job = service.queue.popleft()
             if job.gone:
                 continue
             service.busy += 1
-            job.call = reactor.callLater(job.delay, self._served, service, job)
+            _schedule(job, lambda: self._served(service))
 
-    def _served(self, service: _Service, job: _Job) -> None:
-        job.call = None
-        job.gone = True
+    def _served(self, service: _Service) -> None:
         service.busy -= 1
-        _finish(job.request, job.body)
         self._start_service(service)
 
     def _hung_up(self, service: _Service, job: _Job) -> None:
@@ -514,9 +521,34 @@ def _set(request: Request, status: int, body: bytes, content_type: bytes) -> byt
     return body
 
 
-def _finish(request: Request, body: bytes) -> None:
-    request.write(body)
-    request.finish()
+def _schedule(job: _Job, served: Callable[[], None]) -> None:
+    """Send ``job``'s answer after its delay, the body over its body_time; then ``served``."""
+    from twisted.internet import reactor
+
+    body, pieces = job.body, BODY_PIECES if job.body_time > 0 else 1
+    size = -(-len(body) // pieces)
+    chunks = [body[i:i + size] for i in range(0, len(body), size)] or [b""]
+    step = job.body_time / max(1, len(chunks) - 1)
+
+    def send(i: int) -> None:
+        job.call = None
+        if job.gone:
+            return
+        job.request.write(chunks[i])
+        if i + 1 < len(chunks):
+            job.call = reactor.callLater(step, send, i + 1)
+            return
+        job.gone = True
+        job.request.finish()
+        served()
+
+    job.call = reactor.callLater(job.delay, send, 0)
+
+
+def _cancel(job: _Job) -> None:
+    job.gone = True
+    if job.call is not None and job.call.active():
+        job.call.cancel()
 
 
 class _Root(Resource):

@@ -4,7 +4,11 @@ Hand-written rather than built on ``twisted.web.proxy``: that module installs th
 reactor on import, closes the client connection after every response, and has no CONNECT.
 Client side: HTTP/1.1 keep-alive with pipelining handled one request at a time. Upstream:
 a persistent ``Agent`` pool whose connections are bound to ``bind_ip``, so the origin sees
-one client IP per proxy.
+one client IP per proxy. A body of known length is passed on as it arrives (the head
+first), as tinyproxy does; other bodies are read whole, then sent.
+
+``capacity=N`` forwards at most N requests at once; the rest wait FIFO, so latency grows
+with concurrency past N, as on a proxy (or the link behind it) that is saturated.
 
 Faults, each off by default: ``fail_status`` answers every request with that status,
 ``reset_every`` / ``reset_probability`` cut a forwarded response off mid-body with a TCP
@@ -19,7 +23,13 @@ import random
 from typing import Any
 from urllib.parse import urlsplit
 
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.defer import (
+    Deferred,
+    DeferredSemaphore,
+    gatherResults,
+    maybeDeferred,
+    succeed,
+)
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
@@ -123,6 +133,26 @@ class _Collect(Protocol):
             return
         if reason.check(ResponseDone, PotentialDataLoss):
             self.done.callback(b"".join(self.chunks))
+        else:
+            self.done.errback(reason)
+
+
+class _Stream(Protocol):
+    """A body of known length, written to the client as it arrives."""
+
+    def __init__(self, client: _ClientConnection) -> None:
+        self.client = client
+        self.done: Deferred[None] = Deferred(lambda _: self.transport.stopProducing())
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self.client._lost:
+            self.client.transport.write(data)
+
+    def connectionLost(self, reason: Any) -> None:
+        if self.done.called:  # cancelled
+            return
+        if reason.check(ResponseDone):
+            self.done.callback(None)
         else:
             self.done.errback(reason)
 
@@ -265,11 +295,16 @@ class _ClientConnection(Protocol):
         for name, value in headers:
             if name.lower() not in drop:
                 forward.addRawHeader(name, value)
+        reset = proxy._should_reset()
+
+        def send() -> Deferred[None]:
+            d = maybeDeferred(
+                proxy._agent.request, method, target, forward, _Body(body) if body else None
+            )
+            return d.addCallback(self._relay, method, reset)
+
         # _pending first: a synchronous failure may already answer and start the next request.
-        self._pending = d = maybeDeferred(
-            proxy._agent.request, method, target, forward, _Body(body) if body else None
-        )
-        d.addCallback(self._relay, method, proxy._should_reset())
+        self._pending = d = send() if proxy._slots is None else proxy._slots.run(send)
         d.addErrback(self._upstream_failed)
 
     def _relay(self, response: IResponse, method: bytes, reset: bool) -> Deferred[None] | None:
@@ -277,6 +312,8 @@ class _ClientConnection(Protocol):
         if method == b"HEAD" or code in (204, 304):
             self._send_response(response, b"", method, reset)
             return None
+        if not reset and isinstance(response.length, int):
+            return self._stream(response)
         collect = _Collect()
         response.deliverBody(collect)
         d = collect.done
@@ -287,14 +324,7 @@ class _ClientConnection(Protocol):
         self, response: IResponse, body: bytes, method: bytes, reset: bool = False
     ) -> None:
         self._pending = None
-        headers = [
-            (name, value)
-            for name, values in response.headers.getAllRawHeaders()
-            if name.lower() not in _HOP
-            for value in values
-        ]
-        if self.proxy.exit_ip_header:  # as providers do: which address the request left from
-            headers.append((self.proxy.exit_ip_header.encode(), self.proxy.bind_ip.encode()))
+        headers = self._headers(response)
         framed = not (method == b"HEAD" or response.code in (204, 304))
         if method == b"HEAD":  # keep the length the origin announced for the GET
             lengths = response.headers.getRawHeaders(b"content-length", [])
@@ -303,6 +333,49 @@ class _ClientConnection(Protocol):
             self._reset(response.code, headers, body)
             return
         self._reply(response.code, headers, body, framed=framed)
+
+    def _stream(self, response: IResponse) -> Deferred[None]:
+        """The head now, with the length the origin announced; the body as it arrives."""
+        if self._lost:
+            return succeed(None)
+        head = [b"HTTP/1.1 %d %s\r\n" % (response.code, reason_phrase(response.code))]
+        head += [name + b": " + value + b"\r\n" for name, value in self._headers(response)]
+        head.append(b"Content-Length: %d\r\n" % response.length)
+        if self._close:
+            head.append(b"Connection: close\r\n")
+        self.transport.writeSequence([*head, b"\r\n"])
+        stream = _Stream(self)
+        response.deliverBody(stream)
+        return stream.done.addCallbacks(self._streamed, self._stream_failed)
+
+    def _streamed(self, _: None) -> None:
+        self._pending = None
+        self._busy = False
+        if self._lost:
+            return
+        if self._close:
+            self._buf = b""
+            self.transport.loseConnection()
+        elif self._buf:
+            self._next()
+
+    def _stream_failed(self, failure: Any) -> None:
+        """The origin's body broke off after the head went out: nothing valid to send."""
+        self._pending = None
+        if not self._lost:
+            logger.debug("proxy %s: upstream body failed: %s", self.proxy.bind_ip, failure.value)
+            self.transport.abortConnection()
+
+    def _headers(self, response: IResponse) -> RawHeaders:
+        headers = [
+            (name, value)
+            for name, values in response.headers.getAllRawHeaders()
+            if name.lower() not in _HOP
+            for value in values
+        ]
+        if self.proxy.exit_ip_header:  # as providers do: which address the request left from
+            headers.append((self.proxy.exit_ip_header.encode(), self.proxy.bind_ip.encode()))
+        return headers
 
     def _reset(self, status: int, headers: RawHeaders, body: bytes) -> None:
         """The head announcing the whole body, half of the body, then a TCP RST."""
@@ -426,6 +499,9 @@ class ForwardProxy(ListeningServer):
     ``resets`` counts them. ``blackhole=True`` accepts connections and reads requests but
     never answers (``blackholed`` counts them); a 407 ``fail_status`` carries a
     ``Proxy-Authenticate`` challenge.
+
+    ``capacity=N``: at most N requests forwarded at once (from the request until its
+    body is passed on), the rest wait FIFO; None: unbounded.
     """
 
     kind = "proxy"
@@ -441,7 +517,12 @@ class ForwardProxy(ListeningServer):
         seed: int | None = None,
         blackhole: bool = False,
         exit_ip_header: str | None = None,
+        capacity: int | None = None,
     ) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"capacity must be >= 1 (None means unbounded), got {capacity}")
+        self.capacity = capacity
+        self._slots = DeferredSemaphore(capacity) if capacity is not None else None
         self.bind_ip = bind_ip
         #: a response header naming the address requests leave from (None: not sent)
         self.exit_ip_header = exit_ip_header
