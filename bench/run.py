@@ -153,7 +153,7 @@ def after_change(origins: list[str], at: float) -> tuple[int, int]:
     return seen, limited
 
 
-def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
+def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0) -> dict:
     origins = lab.get("origin_urls") or [lab["origin_url"]]
     sc = SCENARIOS[args.scenario]
     for origin in origins:
@@ -184,7 +184,8 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
     if args.events:
         Path(args.events).mkdir(exist_ok=True)
         events = {origin: lab_call(origin, "/_lab/events") for origin in origins}
-        (Path(args.events) / f"{name}.json").write_text(
+        # one file per run (``name.K.json``), so a median's own run can be looked at
+        (Path(args.events) / f"{name}.{run}.json").write_text(
             json.dumps(events if len(origins) > 1 else events[origins[0]]))
     responses = totals["arrivals"]
     # lost pages earn nothing
@@ -243,7 +244,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per strategy, alternating; the table shows the median run")
     ap.add_argument("--json", help="also write the rows to this file")
-    ap.add_argument("--events", metavar="DIR", help="save the origin's arrivals per strategy")
+    ap.add_argument("--events", metavar="DIR",
+                    help="save the origin's arrivals per strategy and run (NAME.RUN.json)")
     ap.add_argument("--procs", type=int, default=3, help="crawl processes in scenario shared")
     ap.add_argument("--concurrent-items", type=int, default=0, metavar="N",
                     help="CONCURRENT_ITEMS for every crawl (default: Scrapy's, 100)")
@@ -264,9 +266,10 @@ def main() -> None:
         args.redis = redis.url
     runs: dict[str, list[dict]] = {name: [] for name in strategies}
     try:
-        for _ in range(args.repeat):  # alternating, so drift on the machine hits all alike
+        for k in range(args.repeat):  # alternating, so drift on the machine hits all alike
             for name in strategies:
-                r = run_strategy(name, info, args)
+                r = run_strategy(name, info, args, k)
+                r["run"] = k
                 runs[name].append(r)
                 print(f"  {name}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s",
                       file=sys.stderr)
