@@ -243,7 +243,7 @@ def main() -> None:
     ap.add_argument("--strategies", help="comma-separated (default: the scenario's)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per strategy, alternating; the table shows the median run")
-    ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--json", help="also write the rows to this file (every run: *.runs.json)")
     ap.add_argument("--events", metavar="DIR",
                     help="save the origin's arrivals per strategy and run (NAME.RUN.json)")
     ap.add_argument("--procs", type=int, default=3, help="crawl processes in scenario shared")
@@ -320,6 +320,8 @@ def main() -> None:
                   f"{r['pages_per_s'] / rows[0]['pages_per_s']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+        every = Path(args.json).with_suffix(".runs.json")  # every run, not only the medians
+        every.write_text(json.dumps(runs, indent=2))
 
 
 if __name__ == "__main__":
