@@ -63,7 +63,8 @@ def strategy_settings(name: str, exits: list[str], rate: float, redis_url: str =
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--strategy", required=True)
-    ap.add_argument("--origin", required=True)
+    ap.add_argument("--origin", required=True,
+                    help="origin URL; comma-separated for a broad crawl (pages interleaved)")
     ap.add_argument("--exits", required=True, help="comma-separated proxy URLs")
     ap.add_argument("--rate", type=float, default=5.0)
     ap.add_argument("--pages", type=int, default=500)
@@ -84,7 +85,7 @@ def main() -> None:
     }
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PagesSpider)
-    process.crawl(crawler, base=args.origin, pages=args.pages, first=args.first)
+    process.crawl(crawler, bases=args.origin, pages=args.pages, first=args.first)
     process.start()
     spider = crawler.spider
     stats = crawler.stats.get_stats()

@@ -2,11 +2,17 @@
 
     python bench/run.py                      # 10 exits x 5 r/s per IP, 500 pages
     python bench/run.py --pages 200 --strategies exitlimit,random-proxy
+    python bench/run.py --scenario tighten --repeat 3   # issue 11's kinds of origin
+
+Scenarios: foundation, mixed, site-wide, tighten, loosen, jitter-small, jitter-large,
+broad (30 origins), unlimited, shared, scale, redis-overhead (see SCENARIOS).
 
 Starts the lab in its own process, runs each strategy's crawl in a fresh
 process, and reads the origin's own counts. utilization = ideal time for the
-pages actually fetched (ok / (exits x rate)) / wall time from spider_opened to
-spider_closed; 429 share = the origin's 429s / all requests it received.
+pages actually fetched (ok / capacity; for a limit that moves, the old capacity
+until the change and the rest at the new one) / wall time from the first request
+to the last outcome; 429 share = the origins' 429s / all requests they received
+(summed over origins), and for a limit that moves also the share after the change.
 """
 
 from __future__ import annotations
@@ -16,30 +22,88 @@ import json
 import subprocess
 import sys
 import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 STRATEGIES = ["random-proxy", "autothrottle", "global-delay", "exitlimit", "exitlimit-learned"]
-#: scenario -> (extra lab arguments, healthy capacity in r/s as a function of args, strategies)
+LEARNED_KNOWN = ["exitlimit-learned", "exitlimit"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One kind of origin: how the lab is started and what it lets through.
+
+    ``capacity(args, rate)``: the r/s the healthy part of the lab lets through at a per-IP
+    ``rate`` (None: no limit, throughputs are compared instead). ``change``: the per-IP rate
+    moves to ``rate`` ``at`` seconds after the crawl's first request; the ideal time is then
+    the old capacity until ``at`` and the rest of the pages at the new one. ``pages``,
+    ``rate``, ``origins`` and ``timeout`` are defaults the command line can override.
+    """
+
+    lab_args: list[str]
+    capacity: Callable[[argparse.Namespace, float], float] | None
+    strategies: list[str]
+    pages: int = 500
+    rate: float = 5.0
+    origins: int = 1
+    change: tuple[float, float] | None = None  # (at seconds, new per-IP rate)
+    timeout: float = 300.0
+
+
+def _per_ip(a: argparse.Namespace, rate: float) -> float:
+    return a.origins * a.exits * rate
+
+
 SCENARIOS = {
     # 10 exits x 5 r/s per IP, no burst, 429 + Retry-After 1
-    "foundation": ([], lambda a: a.exits * a.rate, STRATEGIES),
-    # 2 exits limited to 1 r/s, 1 banned (403 to everything), 1 proxy nobody listens on
-    "mixed": (["--slow", "127.0.0.18=1", "127.0.0.19=1", "--ban", "127.0.0.17", "--dead", "1"],
-              lambda a: (a.exits - 3) * a.rate + 2 * 1.0, ["exitlimit-learned", "exitlimit"]),
-    # no limit at all: learned mode against an explicit, high EXITLIMIT_RATE
-    "unlimited": (["--rate", "0"], None, ["exitlimit-high", "exitlimit-learned"]),
+    "foundation": Scenario([], _per_ip, STRATEGIES),
+    # 2 exits limited to 1 r/s, 1 banned (403 to everything), 1 proxy nobody listens on;
+    # a slow exit (127.0.0.10) is the first of EXITLIMIT_EXITS, so it scouts first
+    "mixed": Scenario(["--slow", "127.0.0.10=1", "127.0.0.19=1", "--ban", "127.0.0.17",
+                       "--dead", "1"],
+                      lambda a, r: (a.exits - 3) * r + 2 * 1.0, LEARNED_KNOWN, pages=600),
+    # the whole site limited to 20 r/s (429 + Retry-After, as nginx) on top of 5 r/s per IP
+    "site-wide": Scenario(["--origin-rate", "20", "--origin-status", "429"],
+                          lambda a, r: min(a.exits * r, 20.0), ["exitlimit-learned"],
+                          pages=600, timeout=120),
+    # the per-IP limit tightens 5 -> 2 r/s, or loosens 2 -> 5 r/s, 6 s into the crawl
+    "tighten": Scenario([], _per_ip, ["exitlimit-learned"], pages=1000, change=(6.0, 2.0)),
+    "loosen": Scenario([], _per_ip, ["exitlimit-learned"], pages=1000, rate=2.0,
+                       change=(6.0, 5.0)),
+    # 20 ms + U(0, 60 ms), and 50 ms + U(0, 300 ms), between each exit and the origin
+    "jitter-small": Scenario(["--delay", "0.02", "--jitter", "0.06"], _per_ip, LEARNED_KNOWN,
+                             pages=1000),
+    "jitter-large": Scenario(["--delay", "0.05", "--jitter", "0.3"], _per_ip, LEARNED_KNOWN,
+                             pages=1000),
+    # a broad crawl: 30 origins, each 1 r/s per IP, pages interleaved over them
+    "broad": Scenario([], _per_ip, LEARNED_KNOWN, pages=3000, rate=1.0, origins=30),
+    # no limit at all: learned mode against a bare random-proxy crawl
+    "unlimited": Scenario(["--rate", "0"], None, ["random-proxy", "exitlimit-learned"],
+                          pages=3000),
     # --procs crawl processes at once on the same exits (disjoint pages): state in each
     # process (exitlimit) against state shared through Redis
-    "shared": ([], lambda a: a.exits * a.rate,
-               ["exitlimit", "exitlimit-redis", "exitlimit-redis-learned"]),
+    "shared": Scenario([], _per_ip, ["exitlimit", "exitlimit-redis", "exitlimit-redis-learned"]),
     # admission cost against the pool's size: 10, 1000 and 10000 exits (gateway sessions
     # over the lab's 10 proxies), no limit, the same CONCURRENT_REQUESTS
-    "scale": (["--rate", "0"], None,
-              ["exitlimit-pool10", "exitlimit-pool1000", "exitlimit-pool10000"]),
+    "scale": Scenario(["--rate", "0"], None,
+                      ["exitlimit-pool10", "exitlimit-pool1000", "exitlimit-pool10000"]),
     # the Redis backend's cost: no limit, memory against Redis, one process
-    "redis-overhead": (["--rate", "0"], None, ["exitlimit-high", "exitlimit-redis-high"]),
+    "redis-overhead": Scenario(["--rate", "0"], None, ["exitlimit-high", "exitlimit-redis-high"]),
 }
+
+
+def ideal_seconds(sc: Scenario, args: argparse.Namespace, ok: int) -> float:
+    """The time the origin needs at least to let ``ok`` pages through."""
+    before = sc.capacity(args, args.rate)
+    if sc.change is None:
+        return ok / before
+    at, rate = sc.change
+    if ok <= before * at:
+        return ok / before
+    return at + (ok - before * at) / sc.capacity(args, rate)
 
 
 def lab_call(origin: str, path: str, method: str = "GET") -> dict:
@@ -51,9 +115,12 @@ def lab_call(origin: str, path: str, method: str = "GET") -> dict:
 
 
 def start_lab(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
+    sc = SCENARIOS[args.scenario]
+    change = ["--rate-change", f"{sc.change[0]:g}={sc.change[1]:g}"] if sc.change else []
     cmd = [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(args.exits),
            "--rate", str(args.rate), "--burst", "1", "--retry-after", "1",
-           *SCENARIOS[args.scenario][0]]
+           "--origins", str(args.origins), *sc.lab_args, *change]
+    print("lab:", " ".join(cmd[1:]), file=sys.stderr)
     lab = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = lab.stdout.readline()
     if not line:
@@ -61,16 +128,44 @@ def start_lab(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
     return lab, json.loads(line)
 
 
-def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
-    origin = lab["origin_url"]
-    lab_call(origin, "/_lab/reset", "POST")
+def origin_totals(origins: list[str]) -> dict:
+    """The origins' own counts, summed over all of them."""
+    status: Counter[str] = Counter()
+    arrivals = 0
+    for origin in origins:
+        totals = lab_call(origin, "/_lab/stats")["totals"]
+        status.update(totals["status"])
+        arrivals += totals["arrivals"]
+    return {"status": dict(status), "arrivals": arrivals}
+
+
+def after_change(origins: list[str], at: float) -> tuple[int, int]:
+    """(requests, 429s) the origins saw from ``at`` seconds after their first request on."""
+    seen = limited = 0
+    for origin in origins:
+        start = lab_call(origin, "/_lab/stats").get("schedule_start")
+        if start is None:
+            continue
+        for events in lab_call(origin, "/_lab/events").values():
+            late = [status for t, status in events if t >= start + at]
+            seen += len(late)
+            limited += late.count(429)
+    return seen, limited
+
+
+def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0) -> dict:
+    origins = lab.get("origin_urls") or [lab["origin_url"]]
+    sc = SCENARIOS[args.scenario]
+    for origin in origins:
+        lab_call(origin, "/_lab/reset", "POST")
     pages = args.pages
     if name == "global-delay":  # one global delay crawls at 1/exits of the pool: keep it short
         pages = min(pages, args.global_delay_pages)
     procs = args.procs if args.scenario == "shared" else 1
     share = pages // procs
     runs = [subprocess.Popen(
-        [sys.executable, str(HERE / "crawl_once.py"), "--strategy", name, "--origin", origin,
+        [sys.executable, str(HERE / "crawl_once.py"), "--strategy", name,
+         "--origin", ",".join(origins),
          "--exits", ",".join(lab["exit_urls"]), "--rate", str(args.rate),
          "--pages", str(share if i < procs - 1 else pages - share * i),
          "--first", str(share * i), "--timeout", str(args.timeout), "--redis", args.redis,
@@ -85,21 +180,28 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
             raise SystemExit(f"strategy {name} failed")
         parts.append(json.loads(stdout.strip().splitlines()[-1]))
     result = merge(parts)
-    totals = lab_call(origin, "/_lab/stats")["totals"]
+    totals = origin_totals(origins)
     if args.events:
         Path(args.events).mkdir(exist_ok=True)
-        events = lab_call(origin, "/_lab/events")
-        (Path(args.events) / f"{name}.json").write_text(json.dumps(events))
+        events = {origin: lab_call(origin, "/_lab/events") for origin in origins}
+        # one file per run (``name.K.json``), so a median's own run can be looked at
+        (Path(args.events) / f"{name}.{run}.json").write_text(
+            json.dumps(events if len(origins) > 1 else events[origins[0]]))
     responses = totals["arrivals"]
-    capacity = SCENARIOS[args.scenario][1]
-    ideal = result["ok"] / capacity(args) if capacity else 0.0  # lost pages earn nothing
+    # lost pages earn nothing
+    ideal = ideal_seconds(sc, args, result["ok"]) if sc.capacity else 0.0
+    if sc.change is not None:
+        seen, limited = after_change(origins, sc.change[0])
+        result.update(after_change_requests=seen,
+                      share_429_after_change=limited / seen if seen else 0.0)
     result.update(
         pages_per_s=result["ok"] / result["wall"],
         lost=pages - result["ok"],
         responses=responses,
         share_429=(totals["status"].get("429", 0) / responses) if responses else 0.0,
         per_page=responses / pages,
-        utilization=ideal / result["wall"],
+        ideal_seconds=ideal,
+        utilization=ideal / result["wall"] if result["wall"] > 0 else 0.0,
     )
     return result
 
@@ -131,21 +233,28 @@ def median_row(results: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exits", type=int, default=10)
-    ap.add_argument("--rate", type=float, default=5.0)
-    ap.add_argument("--pages", type=int, default=500)
+    ap.add_argument("--rate", type=float, help="per-IP r/s (default: the scenario's, mostly 5)")
+    ap.add_argument("--pages", type=int, help="pages (default: the scenario's, mostly 500)")
+    ap.add_argument("--origins", type=int, help="origins (default: the scenario's, mostly 1)")
     ap.add_argument("--global-delay-pages", type=int, default=100)
-    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--timeout", type=float,
+                    help="CLOSESPIDER_TIMEOUT per crawl (default: the scenario's, mostly 300)")
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="foundation")
     ap.add_argument("--strategies", help="comma-separated (default: the scenario's)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per strategy, alternating; the table shows the median run")
-    ap.add_argument("--json", help="also write the rows to this file")
-    ap.add_argument("--events", metavar="DIR", help="save the origin's arrivals per strategy")
+    ap.add_argument("--json", help="also write the rows to this file (every run: *.runs.json)")
+    ap.add_argument("--events", metavar="DIR",
+                    help="save the origin's arrivals per strategy and run (NAME.RUN.json)")
     ap.add_argument("--procs", type=int, default=3, help="crawl processes in scenario shared")
     ap.add_argument("--concurrent-items", type=int, default=0, metavar="N",
                     help="CONCURRENT_ITEMS for every crawl (default: Scrapy's, 100)")
     args = ap.parse_args()
-    strategies = args.strategies.split(",") if args.strategies else SCENARIOS[args.scenario][2]
+    sc = SCENARIOS[args.scenario]
+    for name in ("rate", "pages", "origins", "timeout"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(sc, name))
+    strategies = args.strategies.split(",") if args.strategies else sc.strategies
     lab, info = start_lab(args)
     redis = None
     args.redis = ""
@@ -157,9 +266,10 @@ def main() -> None:
         args.redis = redis.url
     runs: dict[str, list[dict]] = {name: [] for name in strategies}
     try:
-        for _ in range(args.repeat):  # alternating, so drift on the machine hits all alike
+        for k in range(args.repeat):  # alternating, so drift on the machine hits all alike
             for name in strategies:
-                r = run_strategy(name, info, args)
+                r = run_strategy(name, info, args, k)
+                r["run"] = k
                 runs[name].append(r)
                 print(f"  {name}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s",
                       file=sys.stderr)
@@ -171,18 +281,28 @@ def main() -> None:
         if redis is not None:
             redis.stop()
     rows = [median_row(runs[name]) for name in strategies]
-    capacity = SCENARIOS[args.scenario][1]
+    capacity = sc.capacity
     limit = f"{args.rate:g} r/s per IP (no burst), Retry-After 1" if capacity else "no limit"
-    print(f"\nscenario {args.scenario}: {args.exits} exits, {limit}, median of {args.repeat}"
-          + (f", healthy capacity {capacity(args):g} r/s" if capacity else "") + "\n")
+    if sc.change:
+        limit += f", {sc.change[1]:g} r/s per IP from {sc.change[0]:g} s"
+    where = f"{args.origins} origins x " if args.origins > 1 else ""
+    print(f"\nscenario {args.scenario}: {where}{args.exits} exits, {limit}, "
+          f"median of {args.repeat}"
+          + (f", healthy capacity {capacity(args, args.rate):g} r/s" if capacity else "")
+          + (f" (lab {' '.join(sc.lab_args)})" if sc.lab_args else "") + "\n")
     header = f"{'strategy':<18} {'pages':>6} {'lost':>6} {'429 share':>10} {'req/page':>9} " \
              f"{'wall s':>7} {'pages/s':>8} {'utilization':>12}"
+    if sc.change:
+        header += f" {'429 after':>10}"
     print(header)
     print("-" * len(header))
     for r in rows:
         util = f"{r['utilization']:>12.3f}" if capacity else f"{'-':>12}"
-        print(f"{r['strategy']:<18} {r['pages']:>6} {r['lost']:>6} {r['share_429']:>10.2%} "
-              f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['pages_per_s']:>8.1f} {util}")
+        line = f"{r['strategy']:<18} {r['pages']:>6} {r['lost']:>6} {r['share_429']:>10.2%} " \
+               f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['pages_per_s']:>8.1f} {util}"
+        if sc.change:
+            line += f" {r['share_429_after_change']:>10.2%}"
+        print(line)
     if args.scenario == "scale":
         base = rows[0]
         for r in rows:
@@ -194,11 +314,14 @@ def main() -> None:
         if trips:
             print(f"{r['strategy']}: {trips / r['exitlimit']['exitlimit/admitted']:.2f} Redis "
                   "round trips per admission (admissions, releases, feedback)")
-    if not capacity and len(rows) == 2:
-        print(f"\nthroughput ratio {rows[1]['strategy']} / {rows[0]['strategy']}: "
-              f"{rows[1]['pages_per_s'] / rows[0]['pages_per_s']:.3f}")
+    if not capacity and len(rows) >= 2 and args.scenario != "scale":
+        for r in rows[1:]:
+            print(f"\nthroughput ratio {r['strategy']} / {rows[0]['strategy']}: "
+                  f"{r['pages_per_s'] / rows[0]['pages_per_s']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+        every = Path(args.json).with_suffix(".runs.json")  # every run, not only the medians
+        every.write_text(json.dumps(runs, indent=2))
 
 
 if __name__ == "__main__":

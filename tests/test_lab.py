@@ -30,6 +30,7 @@ from zope.interface import implementer
 
 from scrapy_exitlimit.lab import GCRA, ForwardProxy, IPRule, Lab, OriginConfig
 from scrapy_exitlimit.lab.origin import max_in_window
+from scrapy_exitlimit.lab.spider import PagesSpider
 
 ROOT = Path(__file__).resolve().parent.parent
 # Twisted's own wart: readBody on a pooled connection warns that its transport cannot abort.
@@ -477,6 +478,7 @@ def test_cli_serves_until_terminated(monkeypatch):
         assert select.select([proc.stdout], [], [], 20)[0], "the lab printed nothing"
         info = json.loads(proc.stdout.readline())
         assert len(info["exit_urls"]) == 2
+        assert info["origin_urls"] == [info["origin_url"]]
         url = info["exit_urls"][1]
         assert info["exit_ips"][url] == "127.0.0.11"
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": url}))
@@ -526,3 +528,163 @@ async def test_a_proxy_with_a_capacity_queues_what_is_over_it(env):
     assert times[1] < 0.17 and times[2] > 0.18, times
     with pytest.raises(ValueError, match="capacity"):
         ForwardProxy(capacity=0)
+
+
+# -- issue 11: limits that move, jitter on the way, many origins ----------------------
+
+
+def test_gcra_set_rate_keeps_the_booked_slot():
+    clock = Clock()
+    gcra = GCRA(5, 1, clock)
+    assert gcra.try_acquire()  # tat 0.2
+    gcra.set_rate(2)
+    assert gcra.wait_time() == pytest.approx(0.2)  # the slot booked at 5 r/s stays
+    clock.now = 0.2
+    assert gcra.try_acquire()  # tat 0.2 + 0.5
+    clock.now = 0.6
+    assert not gcra.try_acquire()
+    clock.now = 0.7
+    assert gcra.try_acquire()
+    with pytest.raises(ValueError):
+        gcra.set_rate(0)
+
+
+def test_rate_schedule_config():
+    cfg = OriginConfig(rate=5, rate_schedule=[(10, 1), (6, 2)])
+    assert cfg.rate_schedule == [(6.0, 2.0), (10.0, 1.0)]  # sorted
+    assert [cfg.scheduled_rate(t) for t in (0, 5.99, 6, 9, 10, 100)] == [5, 5, 2, 2, 1, 1]
+    assert OriginConfig(rate=2, rate_schedule=[(0, 5)]).scheduled_rate(0) == 5
+    for bad in ([(6, 0)], [(-1, 2)]):
+        with pytest.raises(ValueError):
+            OriginConfig(rate_schedule=bad)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_per_ip_rate_changes_at_the_scheduled_time_after_the_first_request(env):
+    clock = Clock()
+    clock.now = 100.0
+    cfg = OriginConfig(rate=5, rate_schedule=[(6.0, 2.0)],
+                       per_ip={"127.0.0.11": IPRule(rate=1)})
+    lab = env.lab(exits=3, origin=cfg, clock=clock)
+    a, slow, late = (env.client(url) for url in lab.exit_urls)
+    assert lab.origin.stats()["schedule_start"] is None
+    clock.advance(3.0)  # the schedule starts with the first request, not with the server
+    assert (await a.request(lab.page_url(0))).code == 200
+    assert lab.origin.stats()["schedule_start"] == 3.0
+    clock.advance(0.2)
+    assert await a.codes(lab.page_url(1), 2) == [200, 429]  # 5 r/s
+    clock.advance(5.8)  # 6 s after the first request: 2 r/s from now on
+    assert (await a.request(lab.page_url(2))).code == 200
+    clock.advance(0.2)
+    assert (await a.request(lab.page_url(3))).code == 429  # was fine at 5 r/s
+    clock.advance(0.3)
+    assert (await a.request(lab.page_url(3))).code == 200
+    stats = lab.origin.stats()
+    assert stats["rate"] == 2.0 and stats["ips"]["127.0.0.10"]["status"]["429"] == 2
+    # an IP with its own rate keeps it; an IP seen first after the change gets the new rate
+    assert await slow.codes(lab.page_url(0), 2) == [200, 429]
+    clock.advance(0.5)
+    assert (await slow.request(lab.page_url(0))).code == 429
+    assert await late.codes(lab.page_url(0), 2) == [200, 429]
+    clock.advance(0.3)
+    assert (await late.request(lab.page_url(0))).code == 429  # 2 r/s from the start
+    # a reset starts the schedule again from the next request
+    lab.origin.reset()
+    clock.advance(10.0)
+    assert await a.codes(lab.page_url(0), 2) == [200, 429]
+    clock.advance(0.2)
+    assert (await a.request(lab.page_url(0))).code == 200  # 5 r/s again
+    assert lab.origin.stats()["schedule_start"] == pytest.approx(20.3)
+
+
+def test_forward_delay_is_seeded_and_bounded():
+    def draws(seed: int) -> list[float]:
+        proxy = ForwardProxy(delay=0.02, jitter=0.06, delay_seed=seed)
+        return [proxy._forward_delay() for _ in range(50)]
+
+    first = draws(1)
+    assert first == draws(1) and first != draws(2)
+    assert all(0.02 <= d <= 0.08 for d in first) and max(first) - min(first) > 0.03
+    assert ForwardProxy()._forward_delay() == 0.0
+    with pytest.raises(ValueError):
+        ForwardProxy(jitter=-1)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_proxy_delays_each_request_before_it_goes_upstream(env):
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    lab = env.lab(exits=1, origin=OriginConfig(rate=None),
+                  proxy_kwargs={0: {"delay": 0.05, "jitter": 0.05, "delay_seed": 3}})
+    client = env.client(lab.exit_urls[0])
+    started = time.monotonic()
+    assert await client.codes(lab.page_url(0), 2) == [200, 200]
+    proxy = lab.proxies[0]
+    assert len(proxy.delays) == 2 and time.monotonic() - started >= sum(proxy.delays) - 0.005
+    # a client that hangs up while its request waits: the request never reaches the origin
+    hung = client.agent.request(b"GET", lab.page_url(1).encode())
+    hung.addErrback(lambda _: None)
+    await deferLater(reactor, 0.01, lambda: None)
+    hung.cancel()
+    await deferLater(reactor, 0.12, lambda: None)
+    assert lab.origin.total() == 2 and len(proxy.delays) == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_many_origins_each_with_its_own_limits_counts_and_control_routes(env):
+    clock = Clock()
+    lab = env.lab(exits=1, origins=3, origin=OriginConfig(rate=5), clock=clock)
+    urls = lab.origin_urls
+    assert len(set(urls)) == 3 and urls[0] == lab.origin_url and lab.origins[0] is lab.origin
+    client = env.client(lab.exit_urls[0])
+    for url in urls:  # the same exit, one slot per origin
+        assert (await client.request(url + "/page/0")).code == 200
+    assert (await client.request(urls[1] + "/page/1")).code == 429
+    direct = env.client()
+    stats = [json.loads((await direct.request(u + "/_lab/stats")).body) for u in urls]
+    assert [s["totals"]["arrivals"] for s in stats] == [1, 2, 1]
+    assert (await direct.request(urls[1] + "/_lab/reset", method=b"POST")).code == 200
+    assert [o.total() for o in lab.origins] == [1, 0, 1]
+    assert (await client.request(urls[1] + "/page/1")).code == 200
+    with pytest.raises(ValueError):
+        Lab(origins=0)
+
+
+def test_cli_builds_moving_limits_jitter_and_many_origins():
+    from scrapy_exitlimit.lab.__main__ import build_lab, parse_args
+
+    lab = build_lab(parse_args([
+        "--exits", "2", "--origins", "3", "--rate", "5", "--rate-change", "6=2",
+        "--rate-change", "12=4", "--delay", "0.02", "--jitter", "0.06",
+        "--origin-rate", "20", "--origin-status", "429",
+    ]))
+    cfg = lab.origin.config
+    assert len(lab.origins) == 3 and all(o.config is cfg for o in lab.origins)
+    assert cfg.rate_schedule == [(6.0, 2.0), (12.0, 4.0)]
+    assert (cfg.origin_rate, cfg.origin_status) == (20, 429)
+    assert [(p.delay, p.jitter) for p in lab.proxies] == [(0.02, 0.06)] * 2
+    # each exit its own stream, the same on every run
+    draws = [[p._forward_delay() for _ in range(3)] for p in lab.proxies]
+    assert draws[0] != draws[1]
+    again = build_lab(parse_args(["--exits", "2", "--delay", "0.02", "--jitter", "0.06"]))
+    assert [[p._forward_delay() for _ in range(3)] for p in again.proxies] == draws
+    with pytest.raises(SystemExit):
+        parse_args(["--rate-change", "6"])
+
+
+async def _start_urls(spider: PagesSpider) -> list[str]:
+    return [request.url async for request in spider.start()]
+
+
+@pytest_twisted.ensureDeferred
+async def test_pages_spider_interleaves_several_bases():
+    spider = PagesSpider(bases="http://a:1,http://b:2/", pages=5, first=3)
+    assert await _start_urls(spider) == [
+        "http://a:1/page/3", "http://b:2/page/3", "http://a:1/page/4", "http://b:2/page/4",
+        "http://a:1/page/5",
+    ]
+    one = PagesSpider(base="http://a:1", pages=2)
+    assert await _start_urls(one) == ["http://a:1/page/0", "http://a:1/page/1"]
+    with pytest.raises(ValueError):
+        PagesSpider(pages=1)

@@ -5,6 +5,10 @@ Example: python -m scrapy_exitlimit.lab --exits 10 --rate 5 --ban 127.0.0.12 --s
 Capacity: --body-time 0.2 (each body takes 0.2 s to send) --proxy-capacity 127.0.0.10=24
 (that exit forwards 24 requests at once, the rest queue)
 
+A limit that moves: --rate 5 --rate-change 6=2 (5 r/s per IP, 2 r/s from 6 s after the
+first request). Jitter between exits and origin: --delay 0.02 --jitter 0.06. A broad crawl:
+--origins 30 (30 origins, one port each, each with its own limits and /_lab/ routes).
+
 Faults: --fail 127.0.0.14=407 --reset 127.0.0.15=3 --reset-probability 127.0.0.16=0.2
 --blackhole 127.0.0.17 --stall /page/3 --stall-fraction 0.01 --seed 1
 """
@@ -32,6 +36,17 @@ def _slow(value: str) -> tuple[str, float]:
         return ip, float(rate)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected IP=RATE with RATE > 0, got {value!r}") from None
+
+
+def _rate_change(value: str) -> tuple[float, float]:
+    at, sep, rate = value.partition("=")
+    try:
+        if not sep or float(at) < 0 or float(rate) <= 0:
+            raise ValueError
+        return float(at), float(rate)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected AT=RATE with AT >= 0 seconds and RATE > 0, got {value!r}") from None
 
 
 def _ip_value(kind: type, what: str, ok: Any) -> Any:
@@ -82,6 +97,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--origin-rate", type=float, default=None, help="whole-origin requests/s")
     p.add_argument("--origin-burst", type=int, default=1)
+    p.add_argument("--origin-status", type=int, default=503,
+                   help="status answered over the whole-origin limit (default 503; nginx: 429)")
+    p.add_argument("--rate-change", action="append", default=[], type=_rate_change,
+                   metavar="AT=RATE", help="from AT seconds after the first request, RATE "
+                   "r/s per IP (repeatable; IPs with their own --slow rate keep it)")
+    p.add_argument("--origins", type=int, default=1,
+                   help="origins, one port each, each with its own limiters and counts")
+    p.add_argument("--delay", type=float, default=0.0,
+                   help="seconds each exit waits before forwarding a request upstream")
+    p.add_argument("--jitter", type=float, default=0.0,
+                   help="plus U(0, JITTER) seconds, per request (seeded by --seed, else 0)")
     p.add_argument("--ban", nargs="+", action="extend", default=[], metavar="IP")
     p.add_argument("--slow", nargs="+", action="extend", default=[], type=_slow, metavar="IP=RATE")
     p.add_argument("--latency", type=float, default=0.0, help="seconds before every answer")
@@ -131,6 +157,8 @@ def build_lab(args: argparse.Namespace) -> Lab:
         retry_after_mode=args.retry_after_mode,
         origin_rate=args.origin_rate or None,
         origin_burst=args.origin_burst,
+        origin_status=args.origin_status,
+        rate_schedule=args.rate_change,
         latency=args.latency,
         body_time=args.body_time,
         per_ip=per_ip,
@@ -158,6 +186,12 @@ def build_lab(args: argparse.Namespace) -> Lab:
         fault(ip, blackhole=True)
     for ip, capacity in args.proxy_capacity:
         fault(ip, capacity=capacity)
+    if args.delay < 0 or args.jitter < 0:
+        raise ValueError("--delay and --jitter must be >= 0")
+    if args.delay or args.jitter:
+        for i in range(args.exits):  # one stream per exit, reproducible by default
+            proxy_kwargs.setdefault(i, {}).update(
+                delay=args.delay, jitter=args.jitter, delay_seed=(args.seed or 0) + i)
     return Lab(
         args.exits,
         config,
@@ -165,6 +199,7 @@ def build_lab(args: argparse.Namespace) -> Lab:
         proxy_auth=args.proxy_auth,
         proxy_kwargs=proxy_kwargs,
         origin_port=args.port,
+        origins=args.origins,
     )
 
 
@@ -208,14 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # e.g. CannotListenError for a busy --port
         logger.error("cannot start the lab: %s", exc)
         return 1
-    info = {"origin_url": lab.origin_url, "exit_urls": lab.exit_urls, "exit_ips": lab.exit_ips}
+    info = {"origin_url": lab.origin_url, "origin_urls": lab.origin_urls,
+            "exit_urls": lab.exit_urls, "exit_ips": lab.exit_ips}
     # Announce only once running: the SIGTERM handler is installed by then, so a caller
     # that terminates us right after reading the line still gets a clean shutdown.
     reactor.callWhenRunning(print, json.dumps(info), flush=True)
     cfg = lab.origin.config
     logger.info(
         "origin %s: %s r/s per IP (burst %d), origin limit %s, retry-after %s (%s), "
-        "latency %.3fs, body %.3fs; %d exits, %d dead; banned %s; slow %s",
+        "latency %.3fs, body %.3fs; %d exits, %d dead; banned %s; slow %s; %d origin(s); "
+        "rate changes %s; forward delay %gs + U(0, %gs)",
         lab.origin_url,
         cfg.rate or "unlimited",
         cfg.burst,
@@ -228,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         lab.dead_exits,
         args.ban or "none",
         dict(args.slow) or "none",
+        len(lab.origins),
+        cfg.rate_schedule or "none",
+        args.delay,
+        args.jitter,
     )
     faults = {lab.proxies[i].bind_ip: kw for i, kw in sorted(lab_faults(lab).items())}
     if faults or cfg.stall_paths or cfg.stall_fraction:
@@ -237,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     # The shutdown waits for the Deferred, so ports and connections close before exit.
     reactor.addSystemEventTrigger("before", "shutdown", lab.stop)
     reactor.run()
-    logger.info("lab stopped after %d requests", lab.origin.total())
+    logger.info("lab stopped after %d requests", sum(o.total() for o in lab.origins))
     return 0
 
 

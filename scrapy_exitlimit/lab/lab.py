@@ -1,4 +1,4 @@
-"""An origin plus N exits, each exit a forward proxy with its own loopback source IP."""
+"""Origins plus N exits, each exit a forward proxy with its own loopback source IP."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ class Lab:
     credentials and puts them in ``exit_urls``; ``proxy_kwargs`` gives per-exit-index extra
     :class:`ForwardProxy` arguments, e.g. ``{2: {"fail_status": 502}}``. ``clock`` drives the
     origin's limiters (monotonic seconds; inject a fake one to test decisions without sleeping).
+
+    ``origins`` > 1 serves that many origins for a broad crawl, each on its own port with its
+    own limiters, counts and control routes (``/_lab/stats``, ``/_lab/reset``), all from the
+    same config; ``origin`` is the first of ``self.origins``.
     """
 
     def __init__(
@@ -38,10 +42,15 @@ class Lab:
         *,
         origin_port: int = 0,
         clock: Clock = time.monotonic,
+        origins: int = 1,
     ) -> None:
         if not 0 <= exits <= 200 or not 0 <= dead_exits <= 200 - exits:
             raise ValueError("need 0 <= exits <= 200 and exits + dead_exits <= 200")
-        self.origin = Origin(origin, clock=clock)
+        if not 1 <= origins <= 1000:
+            raise ValueError("need 1 <= origins <= 1000")
+        # one config object for all: limits are the same everywhere, state is per origin
+        self.origins = [Origin(origin, clock=clock) for _ in range(origins)]
+        self.origin = self.origins[0]
         self.proxy_auth = proxy_auth
         kwargs = proxy_kwargs or {}
         self.proxies = [
@@ -59,7 +68,7 @@ class Lab:
             raise RuntimeError("lab already started")
         started: list[Origin | ForwardProxy] = []
         try:
-            for server in [self.origin, *self.proxies]:
+            for server in [*self.origins, *self.proxies]:
                 server.listen(self._origin_port if server is self.origin else 0)
                 started.append(server)
         except Exception:
@@ -69,7 +78,8 @@ class Lab:
         self._dead_ports = unused_ports(self.dead_exits)
         self._started = True
         logger.info(
-            "lab: origin %s, %d exits (%s..), %d dead",
+            "lab: %d origin(s) from %s, %d exits (%s..), %d dead",
+            len(self.origins),
             self.origin_url,
             len(self.proxies),
             _exit_ip(0),
@@ -82,7 +92,7 @@ class Lab:
         if not self._started:
             return succeed(None)
         self._started = False
-        stops = [p.stop() for p in self.proxies] + [self.origin.stop()]
+        stops = [p.stop() for p in self.proxies] + [o.stop() for o in self.origins]
         return gatherResults(stops, consumeErrors=True)
 
     async def __aenter__(self) -> Lab:
@@ -94,6 +104,10 @@ class Lab:
     @property
     def origin_url(self) -> str:
         return self.origin.url
+
+    @property
+    def origin_urls(self) -> list[str]:
+        return [o.url for o in self.origins]
 
     def page_url(self, n: int) -> str:
         return f"{self.origin.url}/page/{n}"

@@ -8,6 +8,10 @@ A slow body, off by default: ``OriginConfig.body_time`` sends the head at once a
 body in pieces over that many seconds, as a big page on a slow link arrives (a client
 timing the head alone sees none of it).
 
+A limit that moves, off by default: ``OriginConfig.rate_schedule`` switches the per-IP rate
+(of every IP without its own ``IPRule.rate``) at given seconds after the first request the
+origin sees since its last reset, as an nginx reloaded with a new ``rate`` would.
+
 A fault, off by default: the origin can *stall* chosen pages, or a fraction of page
 requests: accept them and never answer (``OriginConfig.stall_paths`` / ``stall_fraction``).
 """
@@ -94,9 +98,16 @@ class OriginConfig:
     stall_times: int | None = None
     stall_fraction: float = 0.0
     stall_seed: int | None = None
+    # ``[(at, rate), ...]``: from ``at`` seconds after the first request since the last reset,
+    # IPs that inherit ``rate`` are limited to this rate instead (their GCRA keeps the slot it
+    # already booked). Before the first ``at``, ``rate`` holds.
+    rate_schedule: Iterable[tuple[float, float]] = ()
 
     def __post_init__(self) -> None:
         self.stall_paths = frozenset(self.stall_paths)  # a one-shot iterator is read once
+        self.rate_schedule = sorted((float(at), float(r)) for at, r in self.rate_schedule)
+        if any(at < 0 or r <= 0 for at, r in self.rate_schedule):
+            raise ValueError("rate_schedule needs times >= 0 and rates > 0")
         if not 0.0 <= self.stall_fraction <= 1.0:
             raise ValueError("stall_fraction must be in [0, 1]")
         if self.stall_times is not None and self.stall_times < 1:
@@ -119,6 +130,18 @@ class OriginConfig:
         if rule is None or rule.rate is INHERIT:
             return self.rate
         return rule.rate
+
+    def inherits_rate(self, ip: str) -> bool:
+        rule = self.per_ip.get(ip)
+        return rule is None or rule.rate is INHERIT
+
+    def scheduled_rate(self, elapsed: float) -> float | None:
+        """The per-IP rate ``elapsed`` seconds after the schedule started."""
+        rate = self.rate
+        for at, scheduled in self.rate_schedule:
+            if elapsed + _EPS >= at:
+                rate = scheduled
+        return rate
 
     def capacity_for(self, ip: str) -> int | None:
         rule = self.per_ip.get(ip)
@@ -166,6 +189,14 @@ class GCRA:
         self.tau = (burst - 1) * self.interval
         self.clock = clock
         self.tat = 0.0
+
+    def set_rate(self, rate: float) -> None:
+        """A new rate from now on; the slot already booked (``tat``) stays booked."""
+        if rate <= 0:
+            raise ValueError("rate must be > 0")
+        self.rate = rate
+        self.interval = 1.0 / rate
+        self.tau = (self.burst - 1) * self.interval
 
     def wait_time(self, now: float | None = None) -> float:
         """Seconds until a request would be accepted (0.0: now)."""
@@ -301,6 +332,8 @@ class Origin(ListeningServer):
         self._stalled: list[tuple[float, str, str]] = []
         self._stall_rng = random.Random(cfg.stall_seed)
         self._stall_paths = frozenset(cfg.stall_paths)
+        self._schedule_start: float | None = None  # origin clock of the first request
+        self._rate = cfg.rate  # the per-IP rate now in force for IPs that inherit it
 
     def stalled(self) -> list[tuple[float, str, str]]:
         """``(arrival time, client IP, path)`` of every request the origin stalled."""
@@ -316,6 +349,32 @@ class Origin(ListeningServer):
                 return True
             return sum(1 for _, _, p in self._stalled if p == name) < cfg.stall_times
         return cfg.stall_fraction > 0 and self._stall_rng.random() < cfg.stall_fraction
+
+    @property
+    def schedule_start(self) -> float | None:
+        """When the rate schedule started (seconds since origin start, as arrival times
+        are), i.e. the first request since the last reset; None before it."""
+        return None if self._schedule_start is None else self._schedule_start - self._t0
+
+    def _follow_schedule(self, now: float) -> None:
+        cfg = self.config
+        if self._schedule_start is None:
+            self._schedule_start = now
+        if not cfg.rate_schedule:
+            return
+        rate = cfg.scheduled_rate(now - self._schedule_start)
+        if rate == self._rate:
+            return
+        self._rate = rate
+        for ip, limiter in list(self._limiters.items()):
+            if not cfg.inherits_rate(ip):
+                continue
+            if rate is None:
+                self._limiters[ip] = None
+            elif limiter is None:
+                self._limiters[ip] = GCRA(rate, cfg.burst, self.clock)
+            else:
+                limiter.set_rate(rate)
 
     def ips(self) -> list[str]:
         return sorted(self._stats)
@@ -356,6 +415,9 @@ class Origin(ListeningServer):
         out: dict[str, Any] = {"ips": ips, "totals": _summary(total, arrivals, accepted)}
         if self._stalled:
             out["stalled"] = len(self._stalled)
+        if self.config.rate_schedule:
+            out["schedule_start"] = self.schedule_start
+            out["rate"] = self._rate
         return out
 
     # -- serving -----------------------------------------------------------------
@@ -379,6 +441,7 @@ class Origin(ListeningServer):
         cfg = self.config
         ip = request.getClientAddress().host
         now = self.clock()
+        self._follow_schedule(now)
         if self._stalls(path):
             self._stalled.append((now - self._t0, ip, path.decode("latin-1")))
             return NOT_DONE_YET  # the connection stays open until the client gives up
@@ -396,7 +459,7 @@ class Origin(ListeningServer):
             return self._answer(request, st, 404, _error_page(404), delay)
 
         if ip not in self._limiters:
-            rate = cfg.rate_for(ip)
+            rate = self._rate if cfg.inherits_rate(ip) else cfg.rate_for(ip)
             self._limiters[ip] = GCRA(rate, cfg.burst, self.clock) if rate else None
         limiter = self._limiters[ip]
         if limiter is not None and limiter.wait_time(now) > 0:

@@ -13,6 +13,10 @@ with concurrency past N, as on a proxy (or the link behind it) that is saturated
 Faults, each off by default: ``fail_status`` answers every request with that status,
 ``reset_every`` / ``reset_probability`` cut a forwarded response off mid-body with a TCP
 reset, ``blackhole`` reads requests and never answers.
+
+Network jitter, off by default: ``delay`` + U(0, ``jitter``) seconds (seeded) between
+receiving a request and forwarding it upstream, as the path from a real exit to the origin
+adds; the origin's limiter sees the request that much later.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from twisted.internet.defer import (
 )
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import deferLater
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
@@ -296,11 +301,15 @@ class _ClientConnection(Protocol):
             if name.lower() not in drop:
                 forward.addRawHeader(name, value)
         reset = proxy._should_reset()
+        producer = _Body(body) if body else None
+        wait = proxy._forward_delay()
 
         def send() -> Deferred[None]:
-            d = maybeDeferred(
-                proxy._agent.request, method, target, forward, _Body(body) if body else None
-            )
+            if wait > 0:  # cancelled with _pending if the client goes away meanwhile
+                d = deferLater(proxy._reactor, wait, proxy._agent.request, method, target,
+                               forward, producer)
+            else:
+                d = maybeDeferred(proxy._agent.request, method, target, forward, producer)
             return d.addCallback(self._relay, method, reset)
 
         # _pending first: a synchronous failure may already answer and start the next request.
@@ -502,6 +511,11 @@ class ForwardProxy(ListeningServer):
 
     ``capacity=N``: at most N requests forwarded at once (from the request until its
     body is passed on), the rest wait FIFO; None: unbounded.
+
+    Jitter: each forwarded request (not CONNECT) waits ``delay + U(0, jitter)`` seconds,
+    drawn from ``random.Random(delay_seed)``, before it goes upstream; ``delays`` records
+    every wait drawn. The client connection answers in order, so a later request on the same
+    connection waits behind it.
     """
 
     kind = "proxy"
@@ -518,11 +532,20 @@ class ForwardProxy(ListeningServer):
         blackhole: bool = False,
         exit_ip_header: str | None = None,
         capacity: int | None = None,
+        delay: float = 0.0,
+        jitter: float = 0.0,
+        delay_seed: int | None = None,
     ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be >= 1 (None means unbounded), got {capacity}")
         self.capacity = capacity
         self._slots = DeferredSemaphore(capacity) if capacity is not None else None
+        if delay < 0 or jitter < 0:
+            raise ValueError(f"delay and jitter must be >= 0, got {delay}, {jitter}")
+        self.delay = delay
+        self.jitter = jitter
+        self._delay_rng = random.Random(delay_seed)
+        self.delays: list[float] = []
         self.bind_ip = bind_ip
         #: a response header naming the address requests leave from (None: not sent)
         self.exit_ip_header = exit_ip_header
@@ -565,6 +588,13 @@ class ForwardProxy(ListeningServer):
         if self.reset_every is not None and self._forwarded % self.reset_every == 0:
             return True
         return self.reset_probability > 0 and self._rng.random() < self.reset_probability
+
+    def _forward_delay(self) -> float:
+        if self.delay <= 0 and self.jitter <= 0:
+            return 0.0
+        wait = self.delay + self._delay_rng.uniform(0.0, self.jitter)
+        self.delays.append(wait)
+        return wait
 
     def _authorized(self, header: bytes | None) -> bool:
         if self._expected is None:

@@ -17,14 +17,24 @@ class PagesSpider(scrapy.Spider):
     only counts: ``ok`` stays empty, so the spider's own memory does not grow per page.
     ``crawl_seconds`` runs from the first request to the last outcome: a benchmark's clock,
     free of the seconds Scrapy may take to notice that the crawl is over.
+
+    A broad crawl: ``bases`` (a list, or comma-separated) interleaves several origins, page
+    ``first`` of every base, then page ``first+1`` of every base, ...; ``pages`` counts
+    requests over all of them (``pages=3000`` over 30 bases is 100 pages each).
     """
 
     name = "lab_pages"
 
-    def __init__(self, base: str, pages: int | str, first: int | str = 0,
-                 keep_urls: bool | str = True, **kwargs: Any) -> None:
+    def __init__(self, base: str = "", pages: int | str = 0, first: int | str = 0,
+                 keep_urls: bool | str = True, bases: str | list[str] = "",
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.base, self.pages, self.first = base.rstrip("/"), int(pages), int(first)
+        if isinstance(bases, str):
+            bases = [b for b in bases.split(",") if b]
+        self.bases = [b.rstrip("/") for b in bases] or [base.rstrip("/")]
+        if not self.bases[0]:
+            raise ValueError("PagesSpider needs base= or bases=")
+        self.base, self.pages, self.first = self.bases[0], int(pages), int(first)
         # a -a keep_urls=false from the command line arrives as a string
         self.keep_urls = keep_urls if isinstance(keep_urls, bool) else \
             keep_urls.lower() not in ("0", "false", "no")
@@ -39,8 +49,10 @@ class PagesSpider(scrapy.Spider):
 
     async def start(self):
         self._started = time.monotonic()
-        for i in range(self.first, self.first + self.pages):
-            yield scrapy.Request(f"{self.base}/page/{i}", callback=self.parse, errback=self.error)
+        n = len(self.bases)
+        for k in range(self.pages):
+            url = f"{self.bases[k % n]}/page/{self.first + k // n}"
+            yield scrapy.Request(url, callback=self.parse, errback=self.error)
 
     def parse(self, response):
         self._last = time.monotonic()
