@@ -54,6 +54,9 @@ SITE_WINDOW = 0.5
 POOL_SHARE = 0.34
 #: answers since the site's rate last changed that tell what share it takes
 MIN_SHARE_ANSWERS = 5
+#: 429s as late as clean ones (the site's, or jitter at a pair's limit) point at the site
+#: when they come from this many exits within the window
+AMBIGUOUS_EXITS = 3
 #: an exit alone that 429s twice within this many seconds is slower than the pool
 STRIKE_WINDOW = 3.0
 #: clean answers with the origin budget really pacing that confirm a site rate
@@ -94,6 +97,8 @@ class OriginLearner:
     max_rate: float
     #: an exit's pair learning, when the pair exists
     learning_of: Callable[[str], PairLearning | None]
+    #: seconds the origin budget adds to every interval (EXITLIMIT_SAFETY_MARGIN)
+    margin: float = 0.0
     #: the site's rate once 429s point at the origin as a whole (or a configured one)
     site: RateEstimate | None = None
     #: a configured EXITLIMIT_ORIGIN_RATE: the site rate never goes above it
@@ -103,8 +108,8 @@ class OriginLearner:
     #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
     suspect: str | None = None
     suspect_rate: float = math.inf
-    #: recent 429s that point at the site (its spacing, not the pair's): (time, exit)
-    site_blame: deque[tuple[float, str]] = field(default_factory=deque)
+    #: recent 429s that may point at the site: (time, exit, surely)
+    site_blame: deque[tuple[float, str, bool]] = field(default_factory=deque)
     #: recent 429s at the pool's pace that the pairs' spacing explains: (time, exit)
     pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
     #: answers over the last two seconds: (time, admitted at, clean)
@@ -279,7 +284,7 @@ class OriginLearner:
         pace = self.site_confirmations / self.site_gaps
         self.site_confirmations, self.site_gaps = 0, 0.0
         target = site.target()
-        if pace < 0.9 * target:
+        if pace < 0.9 / (1.0 / target + self.margin):
             return []  # demand, not the budget, set the pace: nothing learned
         before = site.lo
         site.confirmed(target, now)
@@ -303,6 +308,7 @@ class OriginLearner:
         """
         self._answered(now, admitted_at, False)
         pl.confirmations, pl.confirmed_rate = 0, math.inf
+        self.site_confirmations, self.site_gaps = 0, 0.0  # no site probe is clean now
         clean_gap = admitted_at - pl.last_clean
         recent = [g for at, g in pl.clean_gaps if now - at <= RECENT]
         fastest = min(recent, default=math.inf)
@@ -321,7 +327,7 @@ class OriginLearner:
             return self._lower(origin, exit_id, own, rate, pl.rate_streak, admitted_at, now,
                                1.0 / fastest)
         if not closer and self.active_exits(now) > 1:  # (one exit alone: it is the pair)
-            return self._site_evidence(origin, exit_id, site_gap, admitted_at, now)
+            return self._site_evidence(origin, exit_id, site_gap, admitted_at, now, wider)
         if pl.own is not None:
             return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now,
                                1.0 / fastest)
@@ -385,14 +391,19 @@ class OriginLearner:
                       f"ceiling {est.hi:.3g}")]
 
     def _site_evidence(self, origin: str, exit_id: str, site_gap: float, admitted_at: float,
-                       now: float) -> list[Event]:
-        """A 429 the pair's own spacing cannot explain: the site, once two exits agree."""
+                       now: float, sure: bool) -> list[Event]:
+        """A 429 the pair's own spacing does not explain: the site, once two exits agree
+        (``sure``: it came later after the pair's last clean request than a clean one
+        did), or AMBIGUOUS_EXITS (it came as late as clean ones: arrival jitter at the
+        pair's own limit does that too, now and then)."""
         blame = self.site_blame
-        blame.append((now, exit_id))
+        blame.append((now, exit_id, sure))
         while now - blame[0][0] > max(SITE_WINDOW, 2.0 / self.pool.lo):
             blame.popleft()
-        spread = len({e for _, e in blame})
-        if spread < min(2, self.active_exits(now)):
+        spread = len({e for _, e, _ in blame})
+        surely = len({e for _, e, is_sure in blame if is_sure})
+        active = self.active_exits(now)
+        if surely < min(2, active) and spread < min(AMBIGUOUS_EXITS, active):
             return []
         return self._site_limited(origin, spread, site_gap, admitted_at, now)
 
@@ -405,8 +416,10 @@ class OriginLearner:
         accepted = self.accepted_rate(now)
         if site is None:
             top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
-            site = self.site = RateEstimate(max(accepted, self.min_rate), floor=self.min_rate,
-                                            ceiling=top)
+            # where the site took requests, but never under half what was sent: early in
+            # a crawl "accepted" is a count over a fraction of a second
+            start = max(accepted, offered / 2, self.min_rate)
+            site = self.site = RateEstimate(min(start, top), floor=self.min_rate, ceiling=top)
             site.hi = site.seen = max(offered, site.lo)
             site.changed_at = now
             self.site_confirmations, self.site_gaps = 0, 0.0

@@ -238,7 +238,7 @@ class Limiter:
                                 raised_at=self.clock(), proven=False)
             learner = OriginLearner(pool, t.min_rate, t.max_rate,
                                     learning_of=partial(self._learning_of, origin),
-                                    site_ceiling=ol.rate)
+                                    margin=t.margin, site_ceiling=ol.rate)
             state = self.origins[origin] = OriginState(origin, budget, learner,
                                                        last_used=self.clock())
         return state
