@@ -63,7 +63,8 @@ def test_429s_at_paces_the_pairs_took_before_point_at_the_site_not_the_pairs():
     # the pairs were not pushed to the floor for the site's limit (the old failure)
     assert learner.pool.lo >= 2.0
     assert not any(p.own is not None for p in lim.origin_state(SITE).pairs.values())
-    assert counts.get(429, 0) / sum(counts.values()) < 0.05
+    # four exits, one after another, and the site's rate re-probed now and then
+    assert counts.get(429, 0) / sum(counts.values()) < 0.10
 
 
 def test_a_slow_exit_learns_its_own_rate_and_does_not_drag_the_pool():
