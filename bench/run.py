@@ -15,6 +15,8 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -69,6 +71,9 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
         pages = min(pages, args.global_delay_pages)
     procs = args.procs if args.scenario == "shared" else 1
     share = pages // procs
+    outage = None
+    if args.outage and "redis" in name:
+        outage = Outage(args.redis_server, *args.outage)
     runs = [subprocess.Popen(
         [sys.executable, str(HERE / "crawl_once.py"), "--strategy", name, "--origin", origin,
          "--exits", ",".join(lab["exit_urls"]), "--rate", str(args.rate),
@@ -77,14 +82,21 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
          *(["--concurrent-items", str(args.concurrent_items)] if args.concurrent_items else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) for i in range(procs)]
+    if outage is not None:
+        outage.start()
     parts = []
-    for proc in runs:
+    for i, proc in enumerate(runs):
         stdout, stderr = proc.communicate()
+        if args.logs:
+            Path(args.logs).mkdir(exist_ok=True)
+            (Path(args.logs) / f"{name}-{i}.log").write_text(stderr)
         if proc.returncode != 0:
             sys.stderr.write(stderr[-3000:])
             raise SystemExit(f"strategy {name} failed")
         parts.append(json.loads(stdout.strip().splitlines()[-1]))
     result = merge(parts)
+    if outage is not None:
+        result.update(outage.finish())
     totals = lab_call(origin, "/_lab/stats")["totals"]
     if args.events:
         Path(args.events).mkdir(exist_ok=True)
@@ -102,6 +114,60 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace) -> dict:
         utilization=ideal / result["wall"],
     )
     return result
+
+
+class Outage(threading.Thread):
+    """Kills redis-server ``at`` seconds into the crawl and starts it again (empty)
+    ``length`` seconds later; meanwhile samples the pool's learned rate in Redis, to
+    tell how long after the restart it is back where it was."""
+
+    def __init__(self, server, at: float, length: float) -> None:
+        super().__init__(daemon=True)
+        self.server, self.at, self.length = server, at, length
+        self.samples: list[tuple[float, float]] = []  # (seconds since start, learned r/s)
+        self.restarted = self.killed = 0.0
+        self.done = threading.Event()
+
+    def learned(self) -> float | None:
+        import redis
+
+        try:
+            with redis.Redis(port=self.server.port, socket_timeout=0.5) as client:
+                rates = [json.loads(client.hget(key, "blob") or b"null")
+                         for key in client.keys("{exitlimit}:learn:*")]
+        except (redis.RedisError, OSError):
+            return None
+        rates = [r["estimate"]["lo"] for r in rates if r]
+        return max(rates) if rates else None
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while not self.done.is_set():
+            t = time.monotonic() - started
+            if not self.killed and t >= self.at:
+                self.server.stop()
+                self.killed = t
+            elif self.killed and not self.restarted and t >= self.at + self.length:
+                self.server.start()
+                self.restarted = time.monotonic() - started
+            if self.server.proc is not None:
+                rate = self.learned()
+                if rate is not None:
+                    self.samples.append((time.monotonic() - started, rate))
+            time.sleep(0.2)
+
+    def finish(self) -> dict:
+        self.done.set()
+        self.join()
+        if self.server.proc is None:
+            self.server.start()
+        before = [r for t, r in self.samples if t < self.killed]
+        after = [(t, r) for t, r in self.samples if t >= self.restarted]
+        level = before[-1] if before else None
+        back = next((t - self.restarted for t, r in after if level and r >= level * 0.95),
+                    None)
+        return {"outage": [self.killed, self.restarted], "learned_before": level,
+                "learned_back_after": back}
 
 
 def merge(parts: list[dict]) -> dict:
@@ -141,7 +207,12 @@ def main() -> None:
                     help="runs per strategy, alternating; the table shows the median run")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--events", metavar="DIR", help="save the origin's arrivals per strategy")
+    ap.add_argument("--logs", metavar="DIR", help="save each crawl process's log (BENCH_LOG "
+                    "sets its level, WARNING by default)")
     ap.add_argument("--procs", type=int, default=3, help="crawl processes in scenario shared")
+    ap.add_argument("--outage", type=float, nargs=2, metavar=("AT", "FOR"),
+                    help="Redis strategies: kill redis-server AT s into each crawl, start it "
+                         "again (empty) FOR s later")
     ap.add_argument("--concurrent-items", type=int, default=0, metavar="N",
                     help="CONCURRENT_ITEMS for every crawl (default: Scrapy's, 100)")
     args = ap.parse_args()
@@ -155,6 +226,7 @@ def main() -> None:
         redis = RedisServer()
         redis.start()
         args.redis = redis.url
+        args.redis_server = redis
     runs: dict[str, list[dict]] = {name: [] for name in strategies}
     try:
         for _ in range(args.repeat):  # alternating, so drift on the machine hits all alike
@@ -189,6 +261,14 @@ def main() -> None:
             print(f"{r['strategy']}: {r['pages_per_s'] / base['pages_per_s']:.3f} of "
                   f"{base['strategy']}'s throughput; CPU {1000 * r['cpu_seconds'] / r['ok']:.2f} "
                   f"ms per page; peak RSS {r['max_rss_mb']:.0f} MB")
+    for r in rows:
+        if r.get("outage"):
+            back = r["learned_back_after"]
+            print(f"{r['strategy']}: Redis killed at {r['outage'][0]:.1f} s, back at "
+                  f"{r['outage'][1]:.1f} s"
+                  + (f"; learned rate {r['learned_before']:.3g} r/s before, back "
+                     + (f"{back:.1f} s after the restart" if back is not None else "never")
+                     if r["learned_before"] and "learned" in r["strategy"] else ""))
     for r in rows:
         trips = r["exitlimit"].get("exitlimit/redis_round_trips")
         if trips:

@@ -28,6 +28,21 @@ end
 
 local op = ARGV[1]
 
+-- this process is alive for ttl more seconds; the reply: now, how many processes are,
+-- then each one's id and when it last said so (so each can tell who is back)
+local function presence(pk, id, ttl)
+  redis.call('ZADD', pk, now + ttl, id)
+  redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
+  redis.call('EXPIRE', pk, IDLE)
+  local members = redis.call('ZRANGE', pk, 0, -1, 'WITHSCORES')
+  local reply = {f6(now), #members / 2}
+  for i = 1, #members, 2 do
+    reply[#reply + 1] = members[i]
+    reply[#reply + 1] = f6(tonumber(members[i + 1]) - ttl)
+  end
+  return reply
+end
+
 -- give back lease `token`; `arrived` 1: the request reached the server as late as
 -- now - back, so the pair's next request goes an interval after that
 local function release(lk, pk, token, arrived, back, interval)
@@ -182,10 +197,44 @@ elseif op == 'renew' then
   for i = 2, #KEYS do
     redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[i + 2])
   end
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  redis.call('EXPIRE', KEYS[1], IDLE)
-  return {f6(now), redis.call('ZCARD', KEYS[1])}
+  return presence(KEYS[1], ARGV[2], ttl)
+
+elseif op == 'rejoin' then
+  -- back after Redis was lost: leases in flight registered again, leases released
+  -- meanwhile taken out, and what this process paced or held meanwhile seeded (the
+  -- later deadline wins, so shared holds and bans stand and nothing bursts)
+  -- KEYS: procs, L lease keys to register, S lease keys to clean, P pair keys, O learn keys
+  -- ARGV: op, process id, ttl, L, S, P, L tokens, S tokens, then (tat, tol, cool, ban) per pair
+  local ttl, l, s, p = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
+    tonumber(ARGV[6])
+  for i = 1, l do
+    redis.call('ZADD', KEYS[1 + i], now + ttl, ARGV[6 + i])
+    redis.call('EXPIRE', KEYS[1 + i], IDLE)
+  end
+  for i = 1, s do
+    redis.call('ZREM', KEYS[1 + l + i], ARGV[6 + l + i])
+  end
+  for i = 1, p do
+    local pk, a = KEYS[1 + l + s + i], 6 + l + s + 4 * (i - 1)
+    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'tol')
+    local fields = {'tat', 'cool', 'ban'}
+    local cur = {num(f[1], NEG), num(f[2], NEG), num(f[3], NEG)}
+    local new = {tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])}
+    for j = 1, 3 do
+      if new[j] > cur[j] then
+        redis.call('HSET', pk, fields[j], f6(new[j]))
+      end
+    end
+    if not f[4] then
+      redis.call('HSET', pk, 'tol', ARGV[a + 2])
+    end
+    redis.call('EXPIRE', pk, IDLE)
+  end
+  local reply = presence(KEYS[1], ARGV[2], ttl)
+  for i = 2 + l + s + p, #KEYS do
+    reply[#reply + 1] = redis.call('HGET', KEYS[i], 'v') or '0'
+  end
+  return reply
 
 elseif op == 'learn_get' then
   -- KEYS: learn

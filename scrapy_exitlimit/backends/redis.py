@@ -15,9 +15,15 @@ compare-and-set: an update made from stale knowledge loses and the current
 state is adopted, so one congestion event lowers the rate once across all
 processes).
 
-When Redis goes away mid-crawl the crawl goes on: by default on local state
-(each process pacing at its share of the rates), or paused
-(``EXITLIMIT_REDIS_ON_ERROR = "pause"``), while it reconnects with backoff.
+When Redis goes away mid-crawl the crawl goes on, by default on local state:
+the processes the heartbeat last showed split the exits between them by
+rendezvous hashing (each its own exits at their full rate, so none collide);
+a process that never saw the member list paces every pair at 1/N of its rate.
+Or it pauses (``EXITLIMIT_REDIS_ON_ERROR = "pause"``). It reconnects with
+backoff; when Redis is back each process registers its leases again and seeds
+Redis with its exits' schedules, holds and what it learned (the later deadline
+wins; an empty, restarted Redis gets what the processes knew), and keeps to its
+own exits until every process it split the pool with has rejoined.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred
 
 from ..core import Candidate, Event, Lease
+from ..core.partition import share
 from .base import Admission, Backend
 from .channel import ScriptChannel, open_channel
 
@@ -56,7 +63,8 @@ logger = logging.getLogger(__name__)
 
 #: a lease not renewed for this long is free again (its process died)
 LEASE_TTL = 15.0
-HEARTBEAT = LEASE_TTL / 3
+#: presence (who shares the pool: the partition if Redis is lost) and lease renewal
+HEARTBEAT = 1.0
 #: candidate exits sent per admission (the best this process knows of): the first
 #: FIRST_CANDIDATES + wanted in one call, the rest in a second only when needed
 MAX_CANDIDATES = 32
@@ -66,7 +74,16 @@ KEY_CACHE = 100_000
 #: exits busy with other processes' leases: look again this soon (their
 #: releases do not wake this process)
 LEASE_POLL = 0.05
-RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
+RECONNECT_BACKOFF = (0.25, 0.5, 1.0)
+#: back from an outage, a process keeps to its share of the exits until every process it
+#: split the pool with has rejoined (and seeded Redis with its exits' schedules), at most
+#: this long (a process that died meanwhile never does)
+HANDOVER = 5.0
+#: a sticky request pinned to an exit another process holds in a partition looks again
+PARTITION_POLL = 0.5
+#: Redis back empty: a process that learned nothing while it was away waits this long
+#: for one that did to put what it learned in first
+SEED_DELAY = 1.0
 #: a release waits this long for a call to ride along with (the next admission, usually);
 #: other processes see the freed place that much later, pacing is not shifted
 RELEASE_DELAY = 0.025
@@ -131,6 +148,16 @@ class RedisBackend(Backend):
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.shared = True
         self.processes = 1
+        #: live processes at the last heartbeat (this one included), and when each last
+        #: renewed its presence (Redis time)
+        self.members: tuple[str, ...] = ()
+        self._renewed: dict[str, float] = {}
+        #: while the pool is split (Redis lost, or back and not everyone rejoined yet):
+        #: the members it was split between; and when this process rejoined
+        self._partition: tuple[str, ...] | None = None
+        self._rejoined_at = math.inf
+        #: (lease key, token) of shared leases released while Redis was lost
+        self._stale: list[tuple[str, str]] = []
         self._client: aioredis.Redis | None = None
         self._script: Any = None
         self._channel: ScriptChannel | None = None  # the lean path for script calls
@@ -230,7 +257,7 @@ class RedisBackend(Backend):
 
     def open(self) -> None:
         self._connect()
-        self._heartbeat = asyncio.ensure_future(self._beat())
+        self._heartbeat = asyncio.ensure_future(self._beat())  # the first one at once
 
     def close(self) -> Deferred | None:
         self._closed = True
@@ -275,16 +302,59 @@ class RedisBackend(Backend):
         if not self.shared or self._closed:
             return
         self.shared = False
-        self._shared_leases.clear()
+        # releases not sent: their places are taken out of Redis when it is back
+        self._stale += [(rkeys[0], args[0]) for rkeys, args in self._releases]
         self._releases.clear()
-        if self.on_error == "local":
-            self.limiter.share = 1.0 / max(self.processes, 1)
-            logger.warning("exitlimit: Redis lost (%s): continuing on local state at 1/%d of "
-                           "each pair's rate while reconnecting", exc, self.processes)
-        else:
+        if self.on_error == "pause":
             logger.warning("exitlimit: Redis lost (%s): admissions paused while reconnecting "
                            "(EXITLIMIT_REDIS_ON_ERROR=pause)", exc)
+        elif self.process_id in self.members:
+            self._take_partition(exc)
+        else:  # lost before this process saw who else is there
+            self.limiter.share = 1.0 / max(self.processes, 1)
+            logger.warning("exitlimit: Redis lost (%s) before the member list was seen: "
+                           "continuing on local state at 1/%d of each pair's rate while "
+                           "reconnecting", exc, self.processes)
         self._reconnect = asyncio.ensure_future(self._reconnect_loop())
+
+    def _take_partition(self, exc: BaseException) -> None:
+        """Split the exits with the processes the last heartbeat showed: this one uses
+        only its share, each exit at its full rate, so no two processes meet on one."""
+        members = self.members
+        mine = share(self.limiter.exits, members, self.process_id)
+        self._partition = members
+        self.limiter.share = 1.0
+        self.limiter.restrict(mine)
+        # another process may have just used one of these: one interval before each goes
+        now = self.clock()
+        for origin in self.limiter.origins:
+            for exit_id in mine:
+                bucket = self.limiter.pair_state(origin, exit_id).bucket
+                bucket.hold_until(now + bucket.interval)
+        logger.warning("exitlimit: Redis lost (%s): partition taken: this process uses %d of "
+                       "%d exits (rendezvous hash over %d processes) at their full rate while "
+                       "reconnecting", exc, len(mine), len(self.limiter.exits), len(members))
+
+    def _give_back_partition(self, why: str) -> None:
+        if self._partition is None:
+            return
+        self._partition = None
+        self._rejoined_at = math.inf
+        self.limiter.restrict(None)
+        logger.warning("exitlimit: partition given back (%s): every exit shared again", why)
+
+    def _check_handover(self, now: float) -> None:
+        """Back from an outage: the partition stays until everyone it was split with has
+        renewed since this process rejoined (or HANDOVER has passed)."""
+        if self._partition is None or not self.shared:
+            return
+        waiting = [m for m in self._partition if m != self.process_id
+                   and self._renewed.get(m, -math.inf) < self._rejoined_at]
+        if not waiting:
+            self._give_back_partition(f"all {len(self._partition)} processes rejoined")
+        elif now - self._rejoined_at >= HANDOVER:
+            self._give_back_partition(f"{len(waiting)} of {len(self._partition)} processes "
+                                      f"not back after {HANDOVER:g} s")
 
     async def _reconnect_loop(self) -> None:
         attempt = 0
@@ -295,18 +365,69 @@ class RedisBackend(Backend):
                 if self._client is not None:
                     await self._client.aclose()
                 self._connect()
-                reply = await self._call([self._key("procs")], ["time"])
-                self._observe_time(float(reply), time.monotonic())
+                await self._rejoin()
             except (redis.RedisError, OSError) as exc:
                 logger.debug("exitlimit: Redis still unreachable (%s)", exc)
                 continue
-            self.shared = True
-            self.limiter.share = 1.0
-            self._learn_seen.clear()  # Redis may have restarted empty: publish what we know
-            self._marks.clear()
-            logger.warning("exitlimit: Redis is back after %d attempt(s): shared state resumed",
-                           attempt)
+            logger.warning("exitlimit: Redis is back after %d attempt(s): shared state resumed%s",
+                           attempt, "; keeping to this process's share of the exits until the "
+                           "others rejoin" if self._partition is not None else "")
+            self._check_handover(self._rejoined_at)
             return
+
+    async def _rejoin(self) -> None:
+        """One call: leases in flight registered again, those released meanwhile taken out,
+        this process's pair schedules, holds and bans seeded (the later wins), presence
+        renewed; then what it learned is published where Redis has nothing newer."""
+        limiter, now = self.limiter, self.clock()
+        leases = list(limiter.leases.values())
+        stale = self._stale
+        pkeys: list[str] = []
+        pargs: list[Any] = []
+        for origin, ostate in limiter.origins.items():
+            for pair_key, pair in ostate.pairs.items():
+                bucket = pair.bucket
+                if max(bucket.tat, pair.cooldown_until, pair.banned_until) <= now:
+                    continue  # nothing to say: the pair is free as far as this process knows
+                pkeys.append(self._key("pair", origin, pair_key))
+                pargs += [_f(bucket.tat), repr(bucket.tolerance), _f(pair.cooldown_until),
+                          _f(pair.banned_until)]
+        origins = list(limiter.origins)
+        keys = [self._key("procs"), *(self._key("lease", lease.exit_id) for lease in leases),
+                *(key for key, _ in stale), *pkeys,
+                *(self._origin_keys(origin)[1] for origin in origins)]
+        args = ["rejoin", self.process_id, LEASE_TTL, len(leases), len(stale), len(pkeys),
+                *(self._token(lease.id) for lease in leases), *(token for _, token in stale),
+                *pargs]
+        reply = await self._call(keys, args)
+        self._observe_time(float(reply[0]), time.monotonic())
+        versions = reply[2 + 2 * int(reply[1]):]
+        self._saw_members(reply[:2 + 2 * int(reply[1])])
+        self._stale = []
+        self._shared_leases = {lease.id for lease in leases}
+        self._rejoined_at = float(reply[0])
+        self.shared = True
+        self.limiter.share = 1.0
+        loop = asyncio.get_running_loop()
+        for origin, version in zip(origins, versions, strict=True):
+            if str(version) == "0":  # a restarted, empty Redis: what this process knows
+                self._learn_seen[origin] = "0"
+                if self.limiter.learning_mark(origin) == self._marks.get(origin):
+                    # nothing learned while away: a process that did goes first
+                    loop.call_later(SEED_DELAY, self._seed, origin)
+                    continue
+                self._marks.pop(origin, None)
+            elif str(version) != self._learn_seen.get(origin):
+                self._spawn(self._pull_learning(origin, str(version)))
+                continue
+            self._sync_learning(origin, urgent=True)
+
+    def _seed(self, origin: str) -> None:
+        """Redis came back empty and nobody put in what the pool had learned: this
+        process's copy goes in (compare-and-set: if someone was first, theirs stands)."""
+        if self.shared and self._learn_seen.get(origin) == "0" and origin in self.limiter.origins:
+            self._marks.pop(origin, None)
+            self._sync_learning(origin, urgent=True)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -324,25 +445,42 @@ class RedisBackend(Backend):
             return None
 
     async def _beat(self) -> None:
-        """Renew this process's leases and presence; count the processes sharing the pool."""
+        """Renew this process's leases and presence; see who shares the pool."""
         while not self._closed:
+            if self.shared:
+                keys, tokens = [self._key("procs")], []
+                for lease_id in self._shared_leases:
+                    lease = self.limiter.leases.get(lease_id)
+                    if lease is not None:
+                        keys.append(self._key("lease", lease.exit_id))
+                        tokens.append(self._token(lease_id))
+                reply = await self._shared_op(keys, ["renew", self.process_id, LEASE_TTL,
+                                                     *tokens])
+                if reply is not None:
+                    self._saw_members(reply)
+                    self._check_handover(float(reply[0]))
             await asyncio.sleep(HEARTBEAT)
-            if not self.shared:
-                continue
-            keys, tokens = [self._key("procs")], []
-            for lease_id in self._shared_leases:
-                lease = self.limiter.leases.get(lease_id)
-                if lease is not None:
-                    keys.append(self._key("lease", lease.exit_id))
-                    tokens.append(self._token(lease_id))
-            reply = await self._shared_op(keys, ["renew", self.process_id, LEASE_TTL, *tokens])
-            if reply is not None:
-                self.processes = int(reply[1])
+
+    def _saw_members(self, reply: list[Any]) -> None:
+        """A presence reply: now, count, then (process id, when it last renewed) each."""
+        flat = reply[2:]
+        self._renewed = {str(m): float(at) for m, at in zip(flat[::2], flat[1::2],
+                                                             strict=True)}
+        self.members = tuple(sorted(self._renewed))
+        self.processes = max(len(self.members), 1)
 
     # -- admission ------------------------------------------------------------
     def admit(self, origin: str, want: int, now: float,
               only: str | None = None) -> asyncio.Future:
-        return asyncio.ensure_future(self._admit(origin, want, only))
+        return asyncio.ensure_future(self._admit_and_poll(origin, want, only))
+
+    async def _admit_and_poll(self, origin: str, want: int, only: str | None) -> Admission:
+        got = await self._admit(origin, want, only)
+        if got.leases or self._partition is None:
+            return got
+        # while the pool is split, ask again soon whatever the answer: the split ends
+        # without a release to wake the queue, and a pinned exit may be held elsewhere
+        return Admission([], min(got.wait, self.clock() + PARTITION_POLL), got.release_helps)
 
     async def _admit(self, origin: str, want: int, only: str | None) -> Admission:
         if not self.shared:
@@ -447,8 +585,10 @@ class RedisBackend(Backend):
 
     def _adopt(self, origin: str, version: str, blob: str) -> None:
         self._learn_seen[origin] = version
-        if blob:
-            self.limiter.import_learning(origin, json.loads(blob))
+        if not blob:  # nothing there (a restarted Redis): what this process knows goes in
+            self._marks.pop(origin, None)
+            return
+        self.limiter.import_learning(origin, json.loads(blob))
         self._marks[origin] = self.limiter.learning_mark(origin)
 
     def _sync_learning(self, origin: str, urgent: bool = False) -> None:
@@ -486,7 +626,10 @@ class RedisBackend(Backend):
     # -- feedback ----------------------------------------------------------------
     def release(self, lease_id: int, answered: bool = True) -> Lease | None:
         lease = self.limiter.release(lease_id, answered)
-        if lease is not None and lease_id in self._shared_leases:
+        if lease is not None and lease_id in self._shared_leases and not self.shared:
+            self._shared_leases.discard(lease_id)  # Redis lost: taken out when it is back
+            self._stale.append((self._key("lease", lease.exit_id), self._token(lease_id)))
+        elif lease is not None and lease_id in self._shared_leases:
             self._shared_leases.discard(lease_id)
             pair = self.limiter.pair_state(lease.origin, lease.exit_id)
             self._releases.append((
@@ -559,3 +702,8 @@ class RedisBackend(Backend):
     def stats(self) -> dict[str, Any]:
         return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,
                 "redis_processes": self.processes}
+
+
+def _f(value: float) -> str:
+    """A deadline for the script: -inf (never set) as its own "never"."""
+    return repr(value) if math.isfinite(value) else "-1e18"
