@@ -272,8 +272,11 @@ def main() -> None:
     for r in rows:
         trips = r["exitlimit"].get("exitlimit/redis_round_trips")
         if trips:
-            print(f"{r['strategy']}: {trips / r['exitlimit']['exitlimit/admitted']:.2f} Redis "
-                  "round trips per admission (admissions, releases, feedback)")
+            admitted = r["exitlimit"]["exitlimit/admitted"]
+            ops = {k.removeprefix("exitlimit/redis_calls/"): v / admitted
+                   for k, v in r["exitlimit"].items() if k.startswith("exitlimit/redis_calls/")}
+            print(f"{r['strategy']}: {trips / admitted:.2f} Redis round trips per admission ("
+                  + ", ".join(f"{op} {v:.2f}" for op, v in sorted(ops.items())) + ")")
     if not capacity and len(rows) == 2:
         print(f"\nthroughput ratio {rows[1]['strategy']} / {rows[0]['strategy']}: "
               f"{rows[1]['pages_per_s'] / rows[0]['pages_per_s']:.3f}")

@@ -67,7 +67,10 @@ end
 if op == 'admit' then
   -- KEYS: origin, learn, (lease, pair) per release, then (pair, lease, exit) per candidate
   -- ARGV: op, want, token prefix, first lease id, lease ttl, origin interval, origin tolerance,
-  --       releases R, then 4 per release, then (interval, tolerance, limit) per candidate
+  --       releases R, reserve horizon, then 4 per release, then (interval, tolerance, limit,
+  --       may reserve) per candidate
+  -- reply: now, wait, lease blocked, learn version, reserved start (0: none), then
+  --        (candidate index, gap since the pair's previous admission) per lease
   local want = tonumber(ARGV[2])
   local prefix = ARGV[3]
   local next_id = tonumber(ARGV[4])
@@ -75,19 +78,21 @@ if op == 'admit' then
   local ointerval = tonumber(ARGV[6])
   local otol = tonumber(ARGV[7])
   local releases = tonumber(ARGV[8])
-  release_all(releases, 3, 9)  -- first, so the places they free count now
-  local kbase, abase = 2 + 2 * releases, 9 + 4 * releases
+  local horizon = tonumber(ARGV[9])
+  release_all(releases, 3, 10)  -- first, so the places they free count now
+  local kbase, abase = 2 + 2 * releases, 10 + 4 * releases
   local o = redis.call('HMGET', KEYS[1], 'tat', 'hold')
   local otat, ohold = num(o[1], NEG), num(o[2], NEG)
   local n = (#KEYS - kbase) / 3
   local c = {}
   for i = 1, n do
     local pk, lk, ek = KEYS[kbase + 3 * i - 2], KEYS[kbase + 3 * i - 1], KEYS[kbase + 3 * i]
-    local a = abase + 3 * (i - 1)
+    local a = abase + 4 * (i - 1)
     local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol')
     local dead = num(redis.call('HGET', ek, 'dead'), NEG)
     c[i] = {
       interval = tonumber(ARGV[a]), tol = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 2]),
+      reserve = ARGV[a + 3] == '1',
       tat = num(f[1], NEG), block = math.max(num(f[2], NEG), num(f[3], NEG), dead),
       last = num(f[4], NEG), busy = redis.call('ZCARD', lk), pk = pk, lk = lk,
     }
@@ -107,6 +112,25 @@ if op == 'admit' then
   local wait = math.huge
   local lease_blocked = 0
   local admitted = 0
+  -- one lease on pair x at time `at` (now, or a reserved later time)
+  local function take(i, at)
+    local x = c[i]
+    if ointerval > 0 then
+      otat = math.max(otat, at) + ointerval
+    end
+    local gap = at - x.last
+    x.tat = math.max(x.tat, at) + x.interval
+    x.last = at
+    x.busy = x.busy + 1
+    redis.call('ZADD', x.lk, now + ttl, prefix .. ':' .. next_id)
+    next_id = next_id + 1
+    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(at), 'tol', f6(x.tol))
+    redis.call('EXPIRE', x.pk, IDLE)
+    redis.call('EXPIRE', x.lk, IDLE)
+    out[#out + 1] = i
+    out[#out + 1] = f6(gap)
+    admitted = admitted + 1
+  end
   while admitted < want do
     local best, best_load, best_tat = nil, 0, 0
     for i = 1, n do
@@ -133,28 +157,39 @@ if op == 'admit' then
         wait = math.min(wait, oready)
         break
       end
-      otat = math.max(otat, now) + ointerval
     end
-    local x = c[best]
-    local gap = now - x.last
-    x.tat = math.max(x.tat, now) + x.interval
-    x.last = now
-    x.busy = x.busy + 1
-    redis.call('ZADD', x.lk, now + ttl, prefix .. ':' .. next_id)
-    next_id = next_id + 1
-    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(now), 'tol', f6(x.tol))
-    redis.call('EXPIRE', x.pk, IDLE)
-    redis.call('EXPIRE', x.lk, IDLE)
-    out[#out + 1] = best
-    out[#out + 1] = f6(gap)
-    admitted = admitted + 1
+    take(best, now)
+  end
+  -- nothing now: the earliest token soon (within the horizon, or the pair's interval)
+  -- is taken for this caller at its time, so processes that wake together for one
+  -- token do not all call again for it: the caller waits, then sends. Only on pairs the
+  -- caller knows warm: a request on a cold path may arrive late, and its answer then
+  -- moves the next token later (release), which a reservation made before could not see
+  local start = 0
+  if admitted == 0 and horizon > 0 then
+    local best, best_at = nil, 0
+    for i = 1, n do
+      local x = c[i]
+      local at = math.max(x.tat - x.tol, x.block, now)
+      if ointerval > 0 then
+        at = math.max(at, otat - otol, ohold)
+      end
+      if x.reserve and x.busy < x.limit and at <= now + math.max(horizon, x.interval)
+          and (best == nil or at < best_at) then
+        best, best_at = i, at
+      end
+    end
+    if best ~= nil then
+      take(best, best_at)
+      start = best_at
+    end
   end
   if ointerval > 0 and admitted > 0 then
     redis.call('HSET', KEYS[1], 'tat', f6(otat))
     redis.call('EXPIRE', KEYS[1], IDLE)
   end
   local v = redis.call('HGET', KEYS[2], 'v') or '0'
-  local reply = {f6(now), wait == math.huge and 'inf' or f6(wait), lease_blocked, v}
+  local reply = {f6(now), wait == math.huge and 'inf' or f6(wait), lease_blocked, v, f6(start)}
   for i = 1, #out do
     reply[#reply + 1] = out[i]
   end

@@ -84,6 +84,10 @@ PARTITION_POLL = 0.5
 #: Redis back empty: a process that learned nothing while it was away waits this long
 #: for one that did to put what it learned in first
 SEED_DELAY = 1.0
+#: a call finding no token ready may be given the earliest one due within this many
+#: seconds (or its pair's interval), reserved at its time: processes woken together for
+#: one token do not all call again for it (the caller waits for the time, then sends)
+RESERVE_AHEAD = 0.25
 #: a release waits this long for a call to ride along with (the next admission, usually);
 #: other processes see the freed place that much later, pacing is not shifted
 RELEASE_DELAY = 0.025
@@ -175,7 +179,13 @@ class RedisBackend(Backend):
         self._heartbeat: asyncio.Task | None = None
         self._reconnect: asyncio.Task | None = None
         self._closed = False
+        #: answer a call that finds no token with a later one reserved (RESERVE_AHEAD)
+        self.reserve = True
+        #: when this process will next make an admission call, as far as it knows (a
+        #: reserved token's time, or when an answer said to ask again): releases wait for it
+        self._next_call = -math.inf
         self.round_trips = 0
+        self.calls: dict[str, int] = {}  # script calls by operation
         self.errors = 0
 
     @classmethod
@@ -233,6 +243,7 @@ class RedisBackend(Backend):
         if self._client is None:
             self._connect()
         self.round_trips += 1
+        self.calls[args[0]] = self.calls.get(args[0], 0) + 1
         if self._channel is not None:
             return await self._channel.call(keys, args)
         return await self._script(keys=keys, args=args)
@@ -251,9 +262,18 @@ class RedisBackend(Backend):
 
     def _flush_releases(self) -> None:
         self._flush_timer = None
-        if self._releases and self.shared:
-            keys, args = self._take_releases()
-            self._spawn(self._shared_op(keys, ["release", *args]))
+        if not self._releases or not self.shared:
+            return
+        now = self.clock()
+        soon = self._next_call - now
+        if 0 < soon <= RESERVE_AHEAD and now - self._releases[0][1][2] < RESERVE_AHEAD:
+            # an admission call is due soon (a reserved token's time, or when the last
+            # answer said to ask again): the releases ride along with it
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                soon + RELEASE_DELAY, self._flush_releases)
+            return
+        keys, args = self._take_releases()
+        self._spawn(self._shared_op(keys, ["release", *args]))
 
     def open(self) -> None:
         self._connect()
@@ -498,30 +518,38 @@ class RedisBackend(Backend):
         # those could not grant everything asked for: fewer keys to send and check
         first = FIRST_CANDIDATES + want
         leases: list[Lease] = []
-        wait, lease_blocked = math.inf, False
+        wait, lease_blocked, start = math.inf, False, 0.0
         for chunk in (candidates[:first], candidates[first:]):
             if not chunk or len(leases) >= want:
                 continue
             try:
-                got, chunk_wait, blocked = await self._admit_on(origin, want - len(leases),
-                                                                chunk)
+                got, chunk_wait, blocked, start = await self._admit_on(
+                    origin, want - len(leases), chunk)
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
                 return self._admit_locally(origin, want, only)
             leases += got
             wait, lease_blocked = min(wait, chunk_wait), lease_blocked or blocked
+            if start:
+                break
         self._sync_learning(origin)
+        if start:  # a token reserved for its time: this request goes then, not now
+            self._next_call = start
+            await asyncio.sleep(max(0.0, start - self.clock()))
+            return Admission(leases, self.clock())
         if lease_blocked:
             wait = min(wait, self.clock() + LEASE_POLL)
         # a pair waiting for its first answer (single file) is woken by that answer
         release_helps = lease_blocked or any(
             p.single_file for p in limiter.origin_state(origin).pairs.values())
+        self._next_call = self.clock() if leases else min(wait, earliest)
         return Admission(leases, min(wait, earliest), release_helps)
 
-    async def _admit_on(self, origin: str, want: int,
-                        candidates: list[Candidate]) -> tuple[list[Lease], float, bool]:
+    async def _admit_on(self, origin: str, want: int, candidates: list[Candidate]
+                        ) -> tuple[list[Lease], float, bool, float]:
         """One admission call on these candidates: (leases, when to ask again, whether a
-        lease limit stood in the way)."""
+        lease limit stood in the way, when the leases may go: 0 for now, else the time of
+        the one token reserved for this call)."""
         limiter = self.limiter
         budget = limiter.origin_state(origin).budget
         # the releases waiting to go out ride along, applied first
@@ -532,24 +560,27 @@ class RedisBackend(Backend):
         args: list[Any] = ["admit", want, self.process_id, first_id, LEASE_TTL,
                            budget.interval if budget is not None else 0,
                            budget.tolerance if budget is not None else 0, len(rkeys) // 2,
-                           *rargs]
+                           RESERVE_AHEAD if self.reserve else 0, *rargs]
+        pairs = limiter.origin_state(origin).pairs
         for c in candidates:
             keys += self._candidate_keys(origin, c)
-            args += [repr(c.interval), repr(c.tolerance), c.limit]
+            pair = pairs.get(c.pair)
+            warm = pair is not None and limiter.arrival_slack(pair) > 0
+            args += [repr(c.interval), repr(c.tolerance), c.limit, 1 if warm else 0]
         reply = await self._call(keys, args)
         received = time.monotonic()
-        redis_now, wait, lease_blocked, version = (float(reply[0]), float(reply[1]),
-                                                   int(reply[2]), str(reply[3]))
+        redis_now, wait, lease_blocked, version, start = (
+            float(reply[0]), float(reply[1]), int(reply[2]), str(reply[3]), float(reply[4]))
         self._observe_time(redis_now, received)
         leases = []
-        for i, (index, gap) in enumerate(zip(reply[4::2], reply[5::2], strict=True)):
-            lease = limiter.grant(origin, candidates[int(index) - 1].exit_id, redis_now,
-                                  float(gap), lease_id=first_id + i)
+        for i, (index, gap) in enumerate(zip(reply[5::2], reply[6::2], strict=True)):
+            lease = limiter.grant(origin, candidates[int(index) - 1].exit_id,
+                                  start or redis_now, float(gap), lease_id=first_id + i)
             self._shared_leases.add(lease.id)
             leases.append(lease)
         if version != self._learn_seen.get(origin):
             await self._pull_learning(origin, version)
-        return leases, wait, bool(lease_blocked)
+        return leases, wait, bool(lease_blocked), start
 
     def _origin_keys(self, origin: str) -> tuple[str, str]:
         keys = self._keys.get(origin)
@@ -701,7 +732,8 @@ class RedisBackend(Backend):
 
     def stats(self) -> dict[str, Any]:
         return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,
-                "redis_processes": self.processes}
+                "redis_processes": self.processes,
+                **{f"redis_calls/{op}": count for op, count in sorted(self.calls.items())}}
 
 
 def _f(value: float) -> str:
