@@ -345,12 +345,13 @@ class RedisBackend(Backend):
         self._partition = members
         self.limiter.share = 1.0
         self.limiter.restrict(mine)
-        # another process may have just used one of these: one interval before each goes
+        # another process may have just used one of these, or holds a token reserved on
+        # one (up to RESERVE_AHEAD on): that long before each goes
         now = self.clock()
         for origin in self.limiter.origins:
             for exit_id in mine:
                 bucket = self.limiter.pair_state(origin, exit_id).bucket
-                bucket.hold_until(now + bucket.interval)
+                bucket.hold_until(now + max(bucket.interval, RESERVE_AHEAD))
         logger.warning("exitlimit: Redis lost (%s): partition taken: this process uses %d of "
                        "%d exits (rendezvous hash over %d processes) at their full rate while "
                        "reconnecting", exc, len(mine), len(self.limiter.exits), len(members))
