@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from .redis_server import RedisServer, redis_binary
+from .redis_server import RedisClusterServer, RedisServer, redis_binary, redis_cli
 
 
 class FakeClock:
@@ -33,3 +33,12 @@ def redis_url(redis_server):
         redis_server.start()
     redis_server.flush()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A real 3-master Redis Cluster on loopback ports, for the session."""
+    cluster = RedisClusterServer(redis_binary(), redis_cli())
+    cluster.start()
+    yield cluster
+    cluster.stop()

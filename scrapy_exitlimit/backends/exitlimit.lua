@@ -200,6 +200,13 @@ elseif op == 'release' then
   release_all(#KEYS / 2, 1, 2)
   return f6(now)
 
+elseif op == 'leave' then
+  -- a process closing: its leases back, its presence gone
+  -- KEYS: procs, then (lease, pair) per release   ARGV: op, process id, then 4 per release
+  release_all((#KEYS - 1) / 2, 2, 3)
+  redis.call('ZREM', KEYS[1], ARGV[2])
+  return f6(now)
+
 elseif op == 'hold' then
   -- KEYS: pair (or origin)   ARGV: op, field (cool/ban/hold), seconds, tolerance
   -- the latest deadline wins; the bucket is held so the pause ends with one request

@@ -162,7 +162,9 @@ class RedisBackend(Backend):
         self._rejoined_at = math.inf
         #: (lease key, token) of shared leases released while Redis was lost
         self._stale: list[tuple[str, str]] = []
-        self._client: aioredis.Redis | None = None
+        self._client: aioredis.Redis | aioredis.RedisCluster | None = None
+        #: the URL names a Redis Cluster node (found at start): a cluster client is used
+        self.cluster = False
         self._script: Any = None
         self._channel: ScriptChannel | None = None  # the lean path for script calls
         self._lua = resources.files(__package__).joinpath("exitlimit.lua").read_text()
@@ -195,7 +197,8 @@ class RedisBackend(Backend):
         return backend
 
     def describe(self) -> str:
-        return f"redis at {_safe_url(self.url, self.params)} (prefix {self.prefix})"
+        kind = "redis cluster" if self.cluster else "redis"
+        return f"{kind} at {_safe_url(self.url, self.params)} (prefix {self.prefix})"
 
     # -- keys (all with the prefix as hash tag: one Cluster slot) ----------------
     def _key(self, kind: str, *parts: str) -> str:
@@ -224,6 +227,8 @@ class RedisBackend(Backend):
             with client:
                 seconds, micros = client.time()
                 self._offset = seconds + micros / 1e6 - time.monotonic()
+                # a Cluster node: the pool's keys live on whichever node serves their slot
+                self.cluster = bool(client.info("cluster").get("cluster_enabled"))
         except (redis.RedisError, OSError, ValueError) as exc:
             raise RedisUnavailable(
                 f"EXITLIMIT_BACKEND is redis but Redis at {_safe_url(self.url, self.params)} "
@@ -233,10 +238,16 @@ class RedisBackend(Backend):
         """The asyncio client, created on the running loop."""
         if self._channel is not None:
             self._channel.close()
-        self._client = (aioredis.Redis.from_url(self.url, **self.params) if self.url
-                        else aioredis.Redis(**self.params))
+        if self.cluster:  # redis-py finds the node serving the pool's slot, and follows it
+            params = {k: v for k, v in self.params.items() if k != "db"}
+            self._client = (aioredis.RedisCluster.from_url(self.url, **params) if self.url
+                            else aioredis.RedisCluster(**params))
+            self._channel = None
+        else:
+            self._client = (aioredis.Redis.from_url(self.url, **self.params) if self.url
+                            else aioredis.Redis(**self.params))
+            self._channel = open_channel(self._client, self._lua)
         self._script = self._client.register_script(self._lua)
-        self._channel = open_channel(self._client, self._lua)
 
     async def _call(self, keys: list[str], args: list[Any]) -> Any:
         """One script call (one round trip)."""
@@ -297,17 +308,16 @@ class RedisBackend(Backend):
     async def _release_all(self, client: aioredis.Redis) -> None:
         """Leases still held at close go back now, not when they expire."""
         try:
-            if self.shared:
-                pipe = client.pipeline(transaction=False)
-                if self._releases:
-                    keys, args = self._take_releases()
-                    await self._script(keys=keys, args=["release", *args], client=pipe)
+            if self.shared:  # one call (the keys share a slot: a Cluster takes it too)
+                keys, args = self._take_releases()
                 for lease_id in list(self._shared_leases):
                     lease = self.limiter.leases.get(lease_id)
                     if lease is not None:
-                        pipe.zrem(self._key("lease", lease.exit_id), self._token(lease_id))
-                pipe.zrem(self._key("procs"), self.process_id)
-                await pipe.execute()
+                        keys += [self._key("lease", lease.exit_id),
+                                 self._key("pair", lease.origin, lease.pair or lease.exit_id)]
+                        args += [self._token(lease_id), 0, 0, 0]
+                await self._script(keys=[self._key("procs"), *keys],
+                                   args=["leave", self.process_id, *args])
         except (redis.RedisError, OSError) as exc:
             logger.debug("exitlimit: could not hand leases back to Redis at close: %s", exc)
         finally:
