@@ -276,7 +276,9 @@ def main() -> None:
             ops = {k.removeprefix("exitlimit/redis_calls/"): v / admitted
                    for k, v in r["exitlimit"].items() if k.startswith("exitlimit/redis_calls/")}
             print(f"{r['strategy']}: {trips / admitted:.2f} Redis round trips per admission ("
-                  + ", ".join(f"{op} {v:.2f}" for op, v in sorted(ops.items())) + ")")
+                  + ", ".join(f"{op} {v:.2f}" for op, v in sorted(ops.items()))
+                  + f"; admission calls granting nothing "
+                  f"{r['exitlimit'].get('exitlimit/redis_admit_empty', 0) / admitted:.2f})")
     if not capacity and len(rows) == 2:
         print(f"\nthroughput ratio {rows[1]['strategy']} / {rows[0]['strategy']}: "
               f"{rows[1]['pages_per_s'] / rows[0]['pages_per_s']:.3f}")

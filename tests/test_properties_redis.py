@@ -55,14 +55,14 @@ class Pool:
     def admit(self, want: int, exits: list[str]) -> None:
         keys = [f"{self.p}:origin:o", f"{self.p}:learn:o"]
         # a horizon: a caller finding nothing ready now may be given a later token
-        args = ["admit", want, "t", self.next_id, 30.0, 0, 0, 0, 0.05]
+        args = ["admit", want, "t", self.next_id, 30.0, 0, 0, 0, 0.05, 0.5]
         for e in exits:
             keys += [self.key("pair", e), self.key("lease", e), self.key("exit", e)]
             args += [repr(self.interval), repr(self.tol), self.limit, 1]
         reply = self.script(keys=keys, args=args)
-        now, reserved = float(reply[0]), float(reply[4])
-        at = reserved if reserved else now  # a reserved lease is sent at its time
-        for i, index in enumerate(reply[5::2]):
+        now = float(reply[0])
+        for i, (index, reserved) in enumerate(zip(reply[4::3], reply[6::3], strict=True)):
+            at = float(reserved) or now  # a reserved lease is sent at its time
             e = exits[int(index) - 1]
             assert at >= self.blocked_until[e] - EPS, "admitted during a cooldown or ban"
             self.admitted[e].append(at)

@@ -67,10 +67,10 @@ end
 if op == 'admit' then
   -- KEYS: origin, learn, (lease, pair) per release, then (pair, lease, exit) per candidate
   -- ARGV: op, want, token prefix, first lease id, lease ttl, origin interval, origin tolerance,
-  --       releases R, reserve horizon, then 4 per release, then (interval, tolerance, limit,
-  --       may reserve) per candidate
-  -- reply: now, wait, lease blocked, learn version, reserved start (0: none), then
-  --        (candidate index, gap since the pair's previous admission) per lease
+  --       releases R, reserve horizon, phase (0..1), then 4 per release, then (interval,
+  --       tolerance, limit, may reserve) per candidate
+  -- reply: now, wait, lease blocked, learn version, then (candidate index, gap since the
+  --        pair's previous admission, when it may go: 0 now, else a reserved time) per lease
   local want = tonumber(ARGV[2])
   local prefix = ARGV[3]
   local next_id = tonumber(ARGV[4])
@@ -79,8 +79,9 @@ if op == 'admit' then
   local otol = tonumber(ARGV[7])
   local releases = tonumber(ARGV[8])
   local horizon = tonumber(ARGV[9])
-  release_all(releases, 3, 10)  -- first, so the places they free count now
-  local kbase, abase = 2 + 2 * releases, 10 + 4 * releases
+  local phase = tonumber(ARGV[10])
+  release_all(releases, 3, 11)  -- first, so the places they free count now
+  local kbase, abase = 2 + 2 * releases, 11 + 4 * releases
   local o = redis.call('HMGET', KEYS[1], 'tat', 'hold')
   local otat, ohold = num(o[1], NEG), num(o[2], NEG)
   local n = (#KEYS - kbase) / 3
@@ -129,6 +130,7 @@ if op == 'admit' then
     redis.call('EXPIRE', x.lk, IDLE)
     out[#out + 1] = i
     out[#out + 1] = f6(gap)
+    out[#out + 1] = at > now and f6(at) or 0
     admitted = admitted + 1
   end
   while admitted < want do
@@ -160,28 +162,42 @@ if op == 'admit' then
     end
     take(best, now)
   end
-  -- nothing now: the earliest token soon (within the horizon, or the pair's interval)
-  -- is taken for this caller at its time, so processes that wake together for one
-  -- token do not all call again for it: the caller waits, then sends. Only on pairs the
-  -- caller knows warm: a request on a cold path may arrive late, and its answer then
-  -- moves the next token later (release), which a reservation made before could not see
-  local start = 0
+  -- Nothing now: the tokens due soon (within the horizon and half their pair's interval)
+  -- are taken for this caller, each at its own time, up to `want`: processes that wake
+  -- together for one token do not all call again for it, and one call serves several
+  -- requests; the caller sends each at its time. A request that reached the server late
+  -- moves its pair's next token later when its answer comes (release), which a
+  -- reservation made before could not see: so only on pairs the caller knows warm, and at
+  -- most half an interval ahead (the previous request's answer is in by then on any path
+  -- faster than that).
   if admitted == 0 and horizon > 0 then
-    local best, best_at = nil, 0
+    local due, opens = {}, math.huge
     for i = 1, n do
       local x = c[i]
       local at = math.max(x.tat - x.tol, x.block, now)
-      if ointerval > 0 then
-        at = math.max(at, otat - otol, ohold)
-      end
-      if x.reserve and x.busy < x.limit and at <= now + math.max(horizon, x.interval)
-          and (best == nil or at < best_at) then
-        best, best_at = i, at
+      if x.reserve and x.busy < x.limit then
+        local ahead = math.min(horizon, x.interval / 2)
+        if at <= now + ahead then
+          due[#due + 1] = {i, at}
+        else  -- too far yet: ask again when it can be reserved, at the caller's own
+          -- phase within the window (callers told together would all call together)
+          opens = math.min(opens, at - ahead * (1 - phase))
+        end
       end
     end
-    if best ~= nil then
-      take(best, best_at)
-      start = best_at
+    table.sort(due, function(a, b) return a[2] < b[2] end)
+    if ointerval > 0 and #due > 0 then  -- an origin budget: one, when it allows
+      local at = math.max(due[1][2], otat - otol, ohold)
+      if at <= now + horizon then
+        take(due[1][1], at)
+      end
+    else
+      for k = 1, math.min(#due, want) do
+        take(due[k][1], due[k][2])
+      end
+    end
+    if admitted == 0 then
+      wait = math.min(wait, opens)
     end
   end
   if ointerval > 0 and admitted > 0 then
@@ -189,7 +205,7 @@ if op == 'admit' then
     redis.call('EXPIRE', KEYS[1], IDLE)
   end
   local v = redis.call('HGET', KEYS[2], 'v') or '0'
-  local reply = {f6(now), wait == math.huge and 'inf' or f6(wait), lease_blocked, v, f6(start)}
+  local reply = {f6(now), wait == math.huge and 'inf' or f6(wait), lease_blocked, v}
   for i = 1, #out do
     reply[#reply + 1] = out[i]
   end

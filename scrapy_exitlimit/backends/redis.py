@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import random
 import socket
 import time
 import uuid
@@ -85,9 +86,13 @@ PARTITION_POLL = 0.5
 #: for one that did to put what it learned in first
 SEED_DELAY = 1.0
 #: a call finding no token ready may be given the earliest one due within this many
-#: seconds (or its pair's interval), reserved at its time: processes woken together for
-#: one token do not all call again for it (the caller waits for the time, then sends)
+#: seconds (and half its pair's interval), reserved at its time: processes woken together
+#: for one token do not all call again for it (the caller waits for the time, then sends)
 RESERVE_AHEAD = 0.25
+#: a reserved lease not asked for this long after its time is given back unused
+HELD_LATE = 0.1
+#: releases wait for an admission call due within this long, to ride along with it
+RELEASE_WAIT = 0.1
 #: a release waits this long for a call to ride along with (the next admission, usually);
 #: other processes see the freed place that much later, pacing is not shifted
 RELEASE_DELAY = 0.025
@@ -186,8 +191,11 @@ class RedisBackend(Backend):
         #: when this process will next make an admission call, as far as it knows (a
         #: reserved token's time, or when an answer said to ask again): releases wait for it
         self._next_call = -math.inf
+        #: origin -> leases reserved for later, by time (a call hands them out when due)
+        self._held: dict[str, list[tuple[float, int, Lease]]] = {}
         self.round_trips = 0
         self.calls: dict[str, int] = {}  # script calls by operation
+        self.empty_admissions = 0  # admission calls that granted nothing
         self.errors = 0
 
     @classmethod
@@ -277,7 +285,7 @@ class RedisBackend(Backend):
             return
         now = self.clock()
         soon = self._next_call - now
-        if 0 < soon <= RESERVE_AHEAD and now - self._releases[0][1][2] < RESERVE_AHEAD:
+        if 0 < soon <= RELEASE_WAIT and now - self._releases[0][1][2] < RELEASE_WAIT:
             # an admission call is due soon (a reserved token's time, or when the last
             # answer said to ask again): the releases ride along with it
             self._flush_timer = asyncio.get_running_loop().call_later(
@@ -490,6 +498,7 @@ class RedisBackend(Backend):
                 if reply is not None:
                     self._saw_members(reply)
                     self._check_handover(float(reply[0]))
+            self._drop_late_held()
             await asyncio.sleep(HEARTBEAT)
 
     def _saw_members(self, reply: list[Any]) -> None:
@@ -522,6 +531,8 @@ class RedisBackend(Backend):
             self._learn_seen.pop(origin, None)
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
+        if only is None and origin in self._held:
+            return self._from_held(origin, now)
         candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
         if not candidates:
             return Admission([], earliest)
@@ -529,25 +540,31 @@ class RedisBackend(Backend):
         # those could not grant everything asked for: fewer keys to send and check
         first = FIRST_CANDIDATES + want
         leases: list[Lease] = []
-        wait, lease_blocked, start = math.inf, False, 0.0
+        reserved: list[tuple[float, int, Lease]] = []
+        wait, lease_blocked = math.inf, False
         for chunk in (candidates[:first], candidates[first:]):
-            if not chunk or len(leases) >= want:
+            if not chunk or len(leases) + len(reserved) >= want:
                 continue
             try:
-                got, chunk_wait, blocked, start = await self._admit_on(
-                    origin, want - len(leases), chunk)
+                got, chunk_wait, blocked = await self._admit_on(
+                    origin, want - len(leases) - len(reserved), chunk, only is None)
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
                 return self._admit_locally(origin, want, only)
-            leases += got
+            for at, lease in got:
+                if at:
+                    reserved.append((at, lease.id, lease))
+                else:
+                    leases.append(lease)
             wait, lease_blocked = min(wait, chunk_wait), lease_blocked or blocked
-            if start:
+            if reserved:
                 break
         self._sync_learning(origin)
-        if start:  # a token reserved for its time: this request goes then, not now
-            self._next_call = start
-            await asyncio.sleep(max(0.0, start - self.clock()))
-            return Admission(leases, self.clock())
+        if reserved:  # tokens reserved for later: each request goes at its token's time
+            reserved.sort()
+            self._held[origin] = reserved
+            self._next_call = reserved[-1][0]
+            return Admission(leases, self.clock() if leases else reserved[0][0], False)
         if lease_blocked:
             wait = min(wait, self.clock() + LEASE_POLL)
         # a pair waiting for its first answer (single file) is woken by that answer
@@ -556,11 +573,35 @@ class RedisBackend(Backend):
         self._next_call = self.clock() if leases else min(wait, earliest)
         return Admission(leases, min(wait, earliest), release_helps)
 
-    async def _admit_on(self, origin: str, want: int, candidates: list[Candidate]
-                        ) -> tuple[list[Lease], float, bool, float]:
-        """One admission call on these candidates: (leases, when to ask again, whether a
-        lease limit stood in the way, when the leases may go: 0 for now, else the time of
-        the one token reserved for this call)."""
+    def _from_held(self, origin: str, now: float) -> Admission:
+        """Leases reserved by an earlier call whose time has come; no call to Redis."""
+        held = self._held[origin]
+        due = []
+        while held and held[0][0] <= now:
+            at, lease_id, lease = held.pop(0)
+            if now - at > HELD_LATE:  # sent this late it could land on the next token
+                self.release(lease_id, answered=False)
+            else:
+                due.append(lease)
+        if not held:
+            del self._held[origin]
+        return Admission(due, now if due or not held else held[0][0], False)
+
+    def _drop_late_held(self) -> None:
+        """Reserved leases nobody asked for in time (their requests went away) go back."""
+        now = self.clock()
+        for origin in list(self._held):
+            held = self._held[origin]
+            while held and now - held[0][0] > HELD_LATE:
+                self.release(held.pop(0)[1], answered=False)
+            if not held:
+                del self._held[origin]
+
+    async def _admit_on(self, origin: str, want: int, candidates: list[Candidate],
+                        reserve: bool) -> tuple[list[tuple[float, Lease]], float, bool]:
+        """One admission call on these candidates: ((when it may go: 0 now, else its
+        reserved token's time; lease) each, when to ask again, whether a lease limit
+        stood in the way). ``reserve``: tokens due soon may be reserved."""
         limiter = self.limiter
         budget = limiter.origin_state(origin).budget
         # the releases waiting to go out ride along, applied first
@@ -571,7 +612,9 @@ class RedisBackend(Backend):
         args: list[Any] = ["admit", want, self.process_id, first_id, LEASE_TTL,
                            budget.interval if budget is not None else 0,
                            budget.tolerance if budget is not None else 0, len(rkeys) // 2,
-                           RESERVE_AHEAD if self.reserve else 0, *rargs]
+                           RESERVE_AHEAD if self.reserve and reserve else 0,
+                           # callers of a window apart: decorrelated anew every call
+                           f"{random.random() * 0.8:.3f}", *rargs]
         pairs = limiter.origin_state(origin).pairs
         for c in candidates:
             keys += self._candidate_keys(origin, c)
@@ -580,18 +623,22 @@ class RedisBackend(Backend):
             args += [repr(c.interval), repr(c.tolerance), c.limit, 1 if warm else 0]
         reply = await self._call(keys, args)
         received = time.monotonic()
-        redis_now, wait, lease_blocked, version, start = (
-            float(reply[0]), float(reply[1]), int(reply[2]), str(reply[3]), float(reply[4]))
+        redis_now, wait, lease_blocked, version = (float(reply[0]), float(reply[1]),
+                                                   int(reply[2]), str(reply[3]))
         self._observe_time(redis_now, received)
+        if len(reply) == 4:
+            self.empty_admissions += 1
         leases = []
-        for i, (index, gap) in enumerate(zip(reply[5::2], reply[6::2], strict=True)):
+        for i, (index, gap, at) in enumerate(zip(reply[4::3], reply[5::3], reply[6::3],
+                                                 strict=True)):
+            at = float(at)
             lease = limiter.grant(origin, candidates[int(index) - 1].exit_id,
-                                  start or redis_now, float(gap), lease_id=first_id + i)
+                                  at or redis_now, float(gap), lease_id=first_id + i)
             self._shared_leases.add(lease.id)
-            leases.append(lease)
+            leases.append((at, lease))
         if version != self._learn_seen.get(origin):
             await self._pull_learning(origin, version)
-        return leases, wait, bool(lease_blocked), start
+        return leases, wait, bool(lease_blocked)
 
     def _origin_keys(self, origin: str) -> tuple[str, str]:
         keys = self._keys.get(origin)
@@ -743,7 +790,7 @@ class RedisBackend(Backend):
 
     def stats(self) -> dict[str, Any]:
         return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,
-                "redis_processes": self.processes,
+                "redis_processes": self.processes, "redis_admit_empty": self.empty_admissions,
                 **{f"redis_calls/{op}": count for op, count in sorted(self.calls.items())}}
 
 
