@@ -39,6 +39,8 @@ SCENARIOS = {
     # over the lab's 10 proxies), no limit, the same CONCURRENT_REQUESTS
     "scale": (["--rate", "0"], None,
               ["exitlimit-pool10", "exitlimit-pool1000", "exitlimit-pool10000"]),
+    # the same through the Redis backend: 10 exits against 10,000
+    "redis-scale": (["--rate", "0"], None, ["exitlimit-redis-pool10", "exitlimit-redis-pool10000"]),
     # the Redis backend's cost: no limit, memory against Redis, one process
     "redis-overhead": (["--rate", "0"], None, ["exitlimit-high", "exitlimit-redis-high"]),
 }
@@ -255,7 +257,7 @@ def main() -> None:
         util = f"{r['utilization']:>12.3f}" if capacity else f"{'-':>12}"
         print(f"{r['strategy']:<18} {r['pages']:>6} {r['lost']:>6} {r['share_429']:>10.2%} "
               f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['pages_per_s']:>8.1f} {util}")
-    if args.scenario == "scale":
+    if args.scenario in ("scale", "redis-scale"):
         base = rows[0]
         for r in rows:
             print(f"{r['strategy']}: {r['pages_per_s'] / base['pages_per_s']:.3f} of "

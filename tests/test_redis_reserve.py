@@ -46,7 +46,9 @@ async def test_reserved_leases_are_handed_out_at_their_time_without_another_call
         assert len(ready.leases) == 2
         assert {lease.exit_id for lease in ready.leases} == {lease.exit_id
                                                              for lease in first.leases}
-        assert all(lease.admitted_at == pytest.approx(due, abs=1e-5) for lease in ready.leases)
+        # each at its own token's time (the two pairs' tokens are a moment apart)
+        assert all(due - 1e-5 <= lease.admitted_at <= backend.clock() + 1e-5
+                   for lease in ready.leases)
         assert backend.calls["admit"] == calls + 1  # handed out from what was reserved
     finally:
         await backend.close()

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred
 
 from ..core import Candidate, Event, Lease
+from ..core.limiter import INDEX_ABOVE
 from ..core.partition import share
 from .base import Admission, Backend
 from .channel import ScriptChannel, open_channel
@@ -70,6 +71,8 @@ HEARTBEAT = 1.0
 #: FIRST_CANDIDATES + wanted in one call, the rest in a second only when needed
 MAX_CANDIDATES = 32
 FIRST_CANDIDATES = 4
+#: large pools: the exits this process used last, tried first (warm connections)
+WARM_KEEP = 96
 #: Redis key strings kept ready, at most
 KEY_CACHE = 100_000
 #: exits busy with other processes' leases: look again this soon (their
@@ -97,8 +100,15 @@ RELEASE_WAIT = 0.1
 #: other processes see the freed place that much later, pacing is not shifted
 RELEASE_DELAY = 0.025
 #: what this process learned is looked at (a walk over the origin's pairs) at most this
-#: often after quiet answers; feedback with events is published at once
+#: often after quiet answers, and per LEARN_CHECK_PAIRS pairs that much less often (a
+#: large pool's walk costs what a small pool's does per second); feedback with events
+#: that may change what was learned is looked at, and published, at once
 LEARN_CHECK = 0.05
+LEARN_CHECK_PAIRS = 200
+#: event kinds that never change what was learned (they need no look at once)
+NOT_LEARNED = frozenset({"concurrency_increase", "concurrency_decrease", "cooldown",
+                         "pair_banned", "evicted", "recovered", "breaker_open",
+                         "quota_exhausted", "origin_timeout", "exit_ip_changed"})
 ON_ERROR = ("local", "pause")
 #: scrapy-redis settings -> redis-py arguments
 _SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
@@ -193,6 +203,8 @@ class RedisBackend(Backend):
         self._next_call = -math.inf
         #: origin -> leases reserved for later, by time (a call hands them out when due)
         self._held: dict[str, list[tuple[float, int, Lease]]] = {}
+        #: large pools: origin -> the exits used last (most recent last) and their candidacy
+        self._warm: dict[str, dict[str, Candidate]] = {}
         self.round_trips = 0
         self.calls: dict[str, int] = {}  # script calls by operation
         self.empty_admissions = 0  # admission calls that granted nothing
@@ -534,16 +546,25 @@ class RedisBackend(Backend):
         if only is None and origin in self._held:
             return self._from_held(origin, now)
         candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+        # the best few first (what this process knows of their load; in a large pool the
+        # exits it used last, alone); the rest only when those could not grant everything
+        # asked for: fewer keys to send and check
+        first = FIRST_CANDIDATES + want
+        if only is None and origin in self._warm:
+            warm = self._warm_ready(origin, now)[:first]
+            if warm:
+                taken = {c.exit_id for c in warm}
+                first = len(warm)
+                candidates = warm + [c for c in candidates if c.exit_id not in taken]
         if not candidates:
             return Admission([], earliest)
-        # the best few first (what this process knows of their load); the rest only when
-        # those could not grant everything asked for: fewer keys to send and check
-        first = FIRST_CANDIDATES + want
         leases: list[Lease] = []
         reserved: list[tuple[float, int, Lease]] = []
         wait, lease_blocked = math.inf, False
         for chunk in (candidates[:first], candidates[first:]):
-            if not chunk or len(leases) + len(reserved) >= want:
+            if len(leases) + len(reserved) >= want:
+                break
+            if not chunk:
                 continue
             try:
                 got, chunk_wait, blocked = await self._admit_on(
@@ -568,10 +589,50 @@ class RedisBackend(Backend):
         if lease_blocked:
             wait = min(wait, self.clock() + LEASE_POLL)
         # a pair waiting for its first answer (single file) is woken by that answer
-        release_helps = lease_blocked or any(
-            p.single_file for p in limiter.origin_state(origin).pairs.values())
+        release_helps = lease_blocked or self._single_file(origin)
         self._next_call = self.clock() if leases else min(wait, earliest)
         return Admission(leases, min(wait, earliest), release_helps)
+
+    def _single_file(self, origin: str) -> bool:
+        """Whether a pair of this origin waits for its first answer (which wakes the
+        queue): through this process's leases or the origin's pairs, whichever is fewer."""
+        pairs = self.limiter.origin_state(origin).pairs
+        leases = self.limiter.leases
+        if len(leases) < len(pairs):
+            return any(pair.single_file for lease in leases.values()
+                       if lease.origin == origin
+                       and (pair := pairs.get(lease.pair or lease.exit_id)) is not None)
+        return any(pair.single_file for pair in pairs.values())
+
+    def _warm_ready(self, origin: str, now: float) -> list[Candidate]:
+        """A large pool: the exits this process used last and knows ready, most recent
+        first. They are tried alone first (open connections, proven pairs); the plan's,
+        looked at round robin, only after."""
+        limiter = self.limiter
+        pairs = limiter.origin_state(origin).pairs
+        warm = []
+        for exit_id, c in reversed(self._warm[origin].items()):
+            estate = limiter.exits[exit_id]
+            pair = pairs.get(c.pair)
+            # only what this process knows ready, or soon enough to be reserved (others
+            # would cost a second call)
+            if (pair is None or pair.single_file or estate.in_flight >= estate.limit
+                    or estate.health.dead(now)
+                    or pair.ready_at(now) > now + pair.bucket.interval / 2
+                    or (limiter.allowed is not None and exit_id not in limiter.allowed)):
+                continue
+            warm.append(c)
+        return warm
+
+    def _used(self, origin: str, c: Candidate) -> None:
+        """Remember an exit this process was granted (large pools: see _warm_first)."""
+        if len(self.limiter.exits) <= INDEX_ABOVE:
+            return
+        warm = self._warm.setdefault(origin, {})
+        warm.pop(c.exit_id, None)
+        warm[c.exit_id] = c
+        if len(warm) > WARM_KEEP:
+            del warm[next(iter(warm))]
 
     def _from_held(self, origin: str, now: float) -> Admission:
         """Leases reserved by an earlier call whose time has come; no call to Redis."""
@@ -632,8 +693,10 @@ class RedisBackend(Backend):
         for i, (index, gap, at) in enumerate(zip(reply[4::3], reply[5::3], reply[6::3],
                                                  strict=True)):
             at = float(at)
-            lease = limiter.grant(origin, candidates[int(index) - 1].exit_id,
-                                  at or redis_now, float(gap), lease_id=first_id + i)
+            c = candidates[int(index) - 1]
+            self._used(origin, c)
+            lease = limiter.grant(origin, c.exit_id, at or redis_now, float(gap),
+                                  lease_id=first_id + i)
             self._shared_leases.add(lease.id)
             leases.append((at, lease))
         if version != self._learn_seen.get(origin):
@@ -685,7 +748,9 @@ class RedisBackend(Backend):
         if not self.shared or origin in self._publishing:
             return
         now = self.clock()
-        if not urgent and now - self._mark_checked.get(origin, -math.inf) < LEARN_CHECK:
+        ostate = self.limiter.origins.get(origin)
+        every = LEARN_CHECK * max(1.0, len(ostate.pairs) / LEARN_CHECK_PAIRS) if ostate else 0
+        if not urgent and now - self._mark_checked.get(origin, -math.inf) < every:
             return
         self._mark_checked[origin] = now
         mark = self.limiter.learning_mark(origin)
@@ -758,7 +823,7 @@ class RedisBackend(Backend):
                 self._spawn(self._shared_op([self._key("exit", ev.exit_id)],
                                             ["dead", repr(max(seconds, 0.0))]))
         if origin:
-            self._sync_learning(origin, urgent=bool(events))
+            self._sync_learning(origin, urgent=any(ev.kind not in NOT_LEARNED for ev in events))
         return events
 
     def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
