@@ -105,6 +105,8 @@ async def test_redis_lost_the_processes_split_the_pool_then_seed_a_restarted_red
     from .test_redis_backend import _drain, admit
 
     monkeypatch.setattr(backend_module, "HEARTBEAT", 0.1)
+    # a process with nothing new waits for one with news: longer than reconnects differ
+    monkeypatch.setattr(backend_module, "SEED_DELAY", 5.0)
     caplog.set_level("INFO", logger="scrapy_exitlimit")
     one, two = _backends(redis_url)
     one.open()

@@ -87,7 +87,7 @@ HANDOVER = 5.0
 PARTITION_POLL = 0.5
 #: Redis back empty: a process that learned nothing while it was away waits this long
 #: for one that did to put what it learned in first
-SEED_DELAY = 1.0
+SEED_DELAY = 2.0
 #: a call finding no token ready may be given the earliest one due within this many
 #: seconds (and half its pair's interval), reserved at its time: processes woken together
 #: for one token do not all call again for it (the caller waits for the time, then sends)
