@@ -92,8 +92,10 @@ SEED_DELAY = 2.0
 #: seconds (and half its pair's interval), reserved at its time: processes woken together
 #: for one token do not all call again for it (the caller waits for the time, then sends)
 RESERVE_AHEAD = 0.25
-#: a reserved lease not asked for this long after its time is given back unused
-HELD_LATE = 0.1
+#: a reserved lease not asked for this long after its time is given back unused: sent
+#: later, it could land too close to its pair's next token, taken by another process
+#: (the pacing margin, EXITLIMIT_SAFETY_MARGIN, absorbs less)
+HELD_LATE = 0.01
 #: releases wait for an admission call due within this long, to ride along with it
 RELEASE_WAIT = 0.1
 #: a release waits this long for a call to ride along with (the next admission, usually);
@@ -208,6 +210,7 @@ class RedisBackend(Backend):
         self.round_trips = 0
         self.calls: dict[str, int] = {}  # script calls by operation
         self.empty_admissions = 0  # admission calls that granted nothing
+        self.held_late = 0  # reserved leases given back unused: asked for too late
         self.errors = 0
 
     @classmethod
@@ -641,6 +644,7 @@ class RedisBackend(Backend):
         while held and held[0][0] <= now:
             at, lease_id, lease = held.pop(0)
             if now - at > HELD_LATE:  # sent this late it could land on the next token
+                self.held_late += 1
                 self.release(lease_id, answered=False)
             else:
                 due.append(lease)
@@ -654,6 +658,7 @@ class RedisBackend(Backend):
         for origin in list(self._held):
             held = self._held[origin]
             while held and now - held[0][0] > HELD_LATE:
+                self.held_late += 1
                 self.release(held.pop(0)[1], answered=False)
             if not held:
                 del self._held[origin]
@@ -856,6 +861,7 @@ class RedisBackend(Backend):
     def stats(self) -> dict[str, Any]:
         return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,
                 "redis_processes": self.processes, "redis_admit_empty": self.empty_admissions,
+                "redis_reserved_late": self.held_late,
                 **{f"redis_calls/{op}": count for op, count in sorted(self.calls.items())}}
 
 
