@@ -207,6 +207,7 @@ class RedisBackend(Backend):
         self._held: dict[str, list[tuple[float, int, Lease]]] = {}
         #: large pools: origin -> the exits used last (most recent last) and their candidacy
         self._warm: dict[str, dict[str, Candidate]] = {}
+        self._planned: dict[str, float] = {}  # origin -> when it was last planned
         self.round_trips = 0
         self.calls: dict[str, int] = {}  # script calls by operation
         self.empty_admissions = 0  # admission calls that granted nothing
@@ -548,25 +549,37 @@ class RedisBackend(Backend):
             self._mark_checked.pop(origin, None)
         if only is None and origin in self._held:
             return self._from_held(origin, now)
-        candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
         # the best few first (what this process knows of their load; in a large pool the
-        # exits it used last, alone); the rest only when those could not grant everything
-        # asked for: fewer keys to send and check
+        # exits it used last, alone, with no plan made while they serve: the pool's other
+        # exits are not even looked at); the rest only when those could not grant
+        # everything asked for: fewer keys to send and check
         first = FIRST_CANDIDATES + want
-        if only is None and origin in self._warm:
-            warm = self._warm_ready(origin, now)[:first]
-            if warm:
-                taken = {c.exit_id for c in warm}
-                first = len(warm)
-                candidates = warm + [c for c in candidates if c.exit_id not in taken]
-        if not candidates:
-            return Admission([], earliest)
+        best = (self._warm_ready(origin, now)[:first]
+                if only is None and origin in self._warm else [])
+        candidates: list[Candidate] = []
+        earliest, planned = math.inf, not best
+        if planned:
+            candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+            if not candidates:
+                return Admission([], earliest)
+            best, candidates = candidates[:first], candidates[first:]
+            self._planned[origin] = now
+        elif now - self._planned.get(origin, -math.inf) >= 1.0:
+            limiter.plan(origin, now, 1)  # its time-driven upkeep (learning ages, scouts)
+            self._planned[origin] = now
         leases: list[Lease] = []
         reserved: list[tuple[float, int, Lease]] = []
         wait, lease_blocked = math.inf, False
-        for chunk in (candidates[:first], candidates[first:]):
+        for chunk in (best, None):
             if len(leases) + len(reserved) >= want:
                 break
+            if chunk is None:  # the rest
+                if not planned:
+                    taken = {c.exit_id for c in best}
+                    candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+                    candidates = [c for c in candidates if c.exit_id not in taken]
+                    self._planned[origin] = now
+                chunk = candidates
             if not chunk:
                 continue
             try:
