@@ -21,6 +21,8 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -90,6 +92,9 @@ SCENARIOS = {
     # over the lab's 10 proxies), no limit, the same CONCURRENT_REQUESTS
     "scale": Scenario(["--rate", "0"], None,
                       ["exitlimit-pool10", "exitlimit-pool1000", "exitlimit-pool10000"]),
+    # the same through the Redis backend: 10 exits against 10,000
+    "redis-scale": Scenario(["--rate", "0"], None,
+                            ["exitlimit-redis-pool10", "exitlimit-redis-pool10000"]),
     # the Redis backend's cost: no limit, memory against Redis, one process
     "redis-overhead": Scenario(["--rate", "0"], None, ["exitlimit-high", "exitlimit-redis-high"]),
 }
@@ -163,6 +168,9 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0) -
         pages = min(pages, args.global_delay_pages)
     procs = args.procs if args.scenario == "shared" else 1
     share = pages // procs
+    outage = None
+    if args.outage and "redis" in name:
+        outage = Outage(args.redis_server, *args.outage)
     runs = [subprocess.Popen(
         [sys.executable, str(HERE / "crawl_once.py"), "--strategy", name,
          "--origin", ",".join(origins),
@@ -172,14 +180,21 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0) -
          *(["--concurrent-items", str(args.concurrent_items)] if args.concurrent_items else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) for i in range(procs)]
+    if outage is not None:
+        outage.start()
     parts = []
-    for proc in runs:
+    for i, proc in enumerate(runs):
         stdout, stderr = proc.communicate()
+        if args.logs:
+            Path(args.logs).mkdir(exist_ok=True)
+            (Path(args.logs) / f"{name}-{i}.log").write_text(stderr)
         if proc.returncode != 0:
             sys.stderr.write(stderr[-3000:])
             raise SystemExit(f"strategy {name} failed")
         parts.append(json.loads(stdout.strip().splitlines()[-1]))
     result = merge(parts)
+    if outage is not None:
+        result.update(outage.finish())
     totals = origin_totals(origins)
     if args.events:
         Path(args.events).mkdir(exist_ok=True)
@@ -204,6 +219,60 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0) -
         utilization=ideal / result["wall"] if result["wall"] > 0 else 0.0,
     )
     return result
+
+
+class Outage(threading.Thread):
+    """Kills redis-server ``at`` seconds into the crawl and starts it again (empty)
+    ``length`` seconds later; meanwhile samples the pool's learned rate in Redis, to
+    tell how long after the restart it is back where it was."""
+
+    def __init__(self, server, at: float, length: float) -> None:
+        super().__init__(daemon=True)
+        self.server, self.at, self.length = server, at, length
+        self.samples: list[tuple[float, float]] = []  # (seconds since start, learned r/s)
+        self.restarted = self.killed = 0.0
+        self.done = threading.Event()
+
+    def learned(self) -> float | None:
+        import redis
+
+        try:
+            with redis.Redis(port=self.server.port, socket_timeout=0.5) as client:
+                rates = [json.loads(client.hget(key, "blob") or b"null")
+                         for key in client.keys("{exitlimit}:learn:*")]
+        except (redis.RedisError, OSError):
+            return None
+        rates = [r["estimate"]["lo"] for r in rates if r]
+        return max(rates) if rates else None
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while not self.done.is_set():
+            t = time.monotonic() - started
+            if not self.killed and t >= self.at:
+                self.server.stop()
+                self.killed = t
+            elif self.killed and not self.restarted and t >= self.at + self.length:
+                self.server.start()
+                self.restarted = time.monotonic() - started
+            if self.server.proc is not None:
+                rate = self.learned()
+                if rate is not None:
+                    self.samples.append((time.monotonic() - started, rate))
+            time.sleep(0.2)
+
+    def finish(self) -> dict:
+        self.done.set()
+        self.join()
+        if self.server.proc is None:
+            self.server.start()
+        before = [r for t, r in self.samples if t < self.killed]
+        after = [(t, r) for t, r in self.samples if t >= self.restarted]
+        level = before[-1] if before else None
+        back = next((t - self.restarted for t, r in after if level and r >= level * 0.95),
+                    None)
+        return {"outage": [self.killed, self.restarted], "learned_before": level,
+                "learned_back_after": back}
 
 
 def merge(parts: list[dict]) -> dict:
@@ -246,7 +315,12 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows to this file (every run: *.runs.json)")
     ap.add_argument("--events", metavar="DIR",
                     help="save the origin's arrivals per strategy and run (NAME.RUN.json)")
+    ap.add_argument("--logs", metavar="DIR", help="save each crawl process's log (BENCH_LOG "
+                    "sets its level, WARNING by default)")
     ap.add_argument("--procs", type=int, default=3, help="crawl processes in scenario shared")
+    ap.add_argument("--outage", type=float, nargs=2, metavar=("AT", "FOR"),
+                    help="Redis strategies: kill redis-server AT s into each crawl, start it "
+                         "again (empty) FOR s later")
     ap.add_argument("--concurrent-items", type=int, default=0, metavar="N",
                     help="CONCURRENT_ITEMS for every crawl (default: Scrapy's, 100)")
     args = ap.parse_args()
@@ -264,6 +338,7 @@ def main() -> None:
         redis = RedisServer()
         redis.start()
         args.redis = redis.url
+        args.redis_server = redis
     runs: dict[str, list[dict]] = {name: [] for name in strategies}
     try:
         for k in range(args.repeat):  # alternating, so drift on the machine hits all alike
@@ -303,18 +378,31 @@ def main() -> None:
         if sc.change:
             line += f" {r['share_429_after_change']:>10.2%}"
         print(line)
-    if args.scenario == "scale":
+    if args.scenario in ("scale", "redis-scale"):
         base = rows[0]
         for r in rows:
             print(f"{r['strategy']}: {r['pages_per_s'] / base['pages_per_s']:.3f} of "
                   f"{base['strategy']}'s throughput; CPU {1000 * r['cpu_seconds'] / r['ok']:.2f} "
                   f"ms per page; peak RSS {r['max_rss_mb']:.0f} MB")
     for r in rows:
+        if r.get("outage"):
+            back = r["learned_back_after"]
+            print(f"{r['strategy']}: Redis killed at {r['outage'][0]:.1f} s, back at "
+                  f"{r['outage'][1]:.1f} s"
+                  + (f"; learned rate {r['learned_before']:.3g} r/s before, back "
+                     + (f"{back:.1f} s after the restart" if back is not None else "never")
+                     if r["learned_before"] and "learned" in r["strategy"] else ""))
+    for r in rows:
         trips = r["exitlimit"].get("exitlimit/redis_round_trips")
         if trips:
-            print(f"{r['strategy']}: {trips / r['exitlimit']['exitlimit/admitted']:.2f} Redis "
-                  "round trips per admission (admissions, releases, feedback)")
-    if not capacity and len(rows) >= 2 and args.scenario != "scale":
+            admitted = r["exitlimit"]["exitlimit/admitted"]
+            ops = {k.removeprefix("exitlimit/redis_calls/"): v / admitted
+                   for k, v in r["exitlimit"].items() if k.startswith("exitlimit/redis_calls/")}
+            print(f"{r['strategy']}: {trips / admitted:.2f} Redis round trips per admission ("
+                  + ", ".join(f"{op} {v:.2f}" for op, v in sorted(ops.items()))
+                  + f"; admission calls granting nothing "
+                  f"{r['exitlimit'].get('exitlimit/redis_admit_empty', 0) / admitted:.2f})")
+    if not capacity and len(rows) >= 2 and args.scenario not in ("scale", "redis-scale"):
         for r in rows[1:]:
             print(f"\nthroughput ratio {r['strategy']} / {rows[0]['strategy']}: "
                   f"{r['pages_per_s'] / rows[0]['pages_per_s']:.3f}")

@@ -5,7 +5,7 @@ import tempfile
 
 import pytest
 
-from .redis_server import RedisServer, redis_binary
+from .redis_server import RedisClusterServer, RedisServer, redis_binary, redis_cli
 
 # the exit id key file (config.id_key) of the test run, not the user's: subprocesses
 # inherit it, so their ids agree with this process's
@@ -40,3 +40,12 @@ def redis_url(redis_server):
         redis_server.start()
     redis_server.flush()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A real 3-master Redis Cluster on loopback ports, for the session."""
+    cluster = RedisClusterServer(redis_binary(), redis_cli())
+    cluster.start()
+    yield cluster
+    cluster.stop()

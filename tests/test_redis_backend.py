@@ -77,8 +77,9 @@ async def test_crawl_on_shared_state_loses_nothing_and_keeps_the_limit(redis_url
     assert lab.origin.total(429) == 0
     for ip in lab.origin.ips():
         assert lab.origin.max_in_window(ip, 1.0) <= 10
-    # an admission, a release, now and then a wake-up that finds no token yet
-    assert 45 < stats["exitlimit/redis_round_trips"] <= 4 * 45
+    # about one call per admission: releases ride along, a caller finding no token gets
+    # the next one reserved; the heartbeat
+    assert 0 < stats["exitlimit/redis_round_trips"] <= 2 * 45
     with redis.Redis.from_url(redis_url) as client:
         keys = client.keys("{exitlimit}:*")
         assert any(k.startswith(b"{exitlimit}:pair:") for k in keys)

@@ -193,7 +193,7 @@ async def test_the_backend_admits_through_redis_py_when_there_is_no_channel(redi
         assert backend._channel is None
         got = await Deferred.fromFuture(backend.admit("http://o", 1, backend.clock()))
         assert len(got.leases) == 1
-        assert through_redis_py[0] == "admit"
+        assert "admit" in through_redis_py  # (the first heartbeat may go first)
     finally:
         await backend.close()
 

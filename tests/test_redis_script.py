@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from importlib import resources
 
 import pytest
@@ -39,15 +40,15 @@ def client(redis_url):
 
 
 def admit(script, exits, *, want=1, interval=0.2, tol=0.0, limit=8, ttl=15.0, first_id=1,
-          origin_interval=0.0, origin_tol=0.0):
+          origin_interval=0.0, origin_tol=0.0, reserve=0.0):
     keys, args = [ORIGIN, LEARN], ["admit", want, "proc", first_id, ttl, origin_interval,
-                                   origin_tol, 0]
+                                   origin_tol, 0, reserve, 0]
     for e in exits:
         keys += [pair(e), lease(e), exit_key(e)]
-        args += [interval, tol, limit]
+        args += [interval, tol, limit, 1]
     reply = script(keys=keys, args=args)
     now, wait, blocked, version = float(reply[0]), float(reply[1]), int(reply[2]), reply[3]
-    granted = [(exits[int(i) - 1], float(g)) for i, g in zip(reply[4::2], reply[5::2],
+    granted = [(exits[int(i) - 1], float(g)) for i, g in zip(reply[4::3], reply[5::3],
                                                               strict=True)]
     return now, wait, blocked, version, granted
 
@@ -202,7 +203,49 @@ def test_every_key_of_one_pool_shares_a_cluster_slot():
 def test_releases_ride_along_with_an_admission_and_count_first(script, client):
     admit(script, ["a"], limit=1, interval=0.0001)
     keys = [ORIGIN, LEARN, lease("a"), pair("a"), pair("a"), lease("a"), exit_key("a")]
-    args = ["admit", 1, "proc", 2, 15.0, 0, 0, 1, "proc:1", 0, 0, 0.0001, 0.0001, 0, 1]
+    args = ["admit", 1, "proc", 2, 15.0, 0, 0, 1, 0, 0, "proc:1", 0, 0, 0.0001, 0.0001, 0, 1, 1]
     reply = script(keys=keys, args=args)
     assert reply[4:5] == [1]  # the lease freed in this very call was taken again
     assert client.zrange(lease("a"), 0, -1) == ["proc:2"]
+
+
+def admit_ahead(script, exits, *, horizon, want=1, interval=0.2, warm=True, first_id=1):
+    """An admission call that may be answered with tokens reserved for later:
+    (now, [(exit, when its request may go: 0 now)] granted)."""
+    keys, args = [ORIGIN, LEARN], ["admit", want, "proc", first_id, 15.0, 0, 0, 0, horizon, 0]
+    for e in exits:
+        keys += [pair(e), lease(e), exit_key(e)]
+        args += [interval, 0.0, 8, 1 if warm else 0]
+    reply = script(keys=keys, args=args)
+    return float(reply[0]), [(exits[int(i) - 1], float(at))
+                             for i, at in zip(reply[4::3], reply[6::3], strict=True)]
+
+
+def test_callers_woken_for_tokens_get_the_next_ones_reserved_not_a_wait(script, client):
+    now, got = admit_ahead(script, ["a", "b", "c"], horizon=0.25, want=3)
+    assert sorted(e for e, _ in got) == ["a", "b", "c"] and all(at == 0 for _, at in got)
+    _, nothing = admit_ahead(script, ["a", "b", "c"], horizon=0.25, first_id=4)
+    assert nothing == []  # the next tokens are more than half an interval off
+    time.sleep(0.12)
+    # nothing now: the tokens due soon are taken for this caller, each at its own time...
+    now3, got3 = admit_ahead(script, ["a", "b", "c"], horizon=0.25, want=2, first_id=4)
+    assert len(got3) == 2
+    for e, at in got3:
+        assert now3 < at == pytest.approx(now + 0.2, abs=0.01)
+        assert float(client.hget(pair(e), "tat")) == pytest.approx(at + 0.2, abs=1e-5)
+        assert client.zcard(lease(e)) == 2  # the reserved lease counts from now
+    # ...and the next caller gets the one left, not the same ones
+    _, got4 = admit_ahead(script, ["a", "b", "c"], horizon=0.25, want=3, first_id=6)
+    assert [e for e, _ in got4] == sorted({"a", "b", "c"} - {e for e, _ in got3})
+
+
+def test_no_reservation_beyond_the_horizon_or_on_a_pair_the_caller_knows_cold(script):
+    script(keys=[pair("a")], args=["hold", "cool", "30", "0"])  # a 429's cooldown
+    _, got = admit_ahead(script, ["a"], horizon=0.25)
+    assert got == []  # thirty seconds away
+    admit_ahead(script, ["b"], horizon=0.25)
+    time.sleep(0.12)
+    _, got = admit_ahead(script, ["b"], horizon=0.25, warm=False, first_id=2)
+    assert got == []
+    _, got = admit_ahead(script, ["b"], horizon=0.25, first_id=3)
+    assert [e for e, _ in got] == ["b"]  # the same, warm

@@ -28,6 +28,21 @@ end
 
 local op = ARGV[1]
 
+-- this process is alive for ttl more seconds; the reply: now, how many processes are,
+-- then each one's id and when it last said so (so each can tell who is back)
+local function presence(pk, id, ttl)
+  redis.call('ZADD', pk, now + ttl, id)
+  redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
+  redis.call('EXPIRE', pk, IDLE)
+  local members = redis.call('ZRANGE', pk, 0, -1, 'WITHSCORES')
+  local reply = {f6(now), #members / 2}
+  for i = 1, #members, 2 do
+    reply[#reply + 1] = members[i]
+    reply[#reply + 1] = f6(tonumber(members[i + 1]) - ttl)
+  end
+  return reply
+end
+
 -- give back lease `token`; `arrived` 1: the request reached the server as late as
 -- now - back, so the pair's next request goes an interval after that
 local function release(lk, pk, token, arrived, back, interval)
@@ -52,7 +67,10 @@ end
 if op == 'admit' then
   -- KEYS: origin, learn, (lease, pair) per release, then (pair, lease, exit) per candidate
   -- ARGV: op, want, token prefix, first lease id, lease ttl, origin interval, origin tolerance,
-  --       releases R, then 4 per release, then (interval, tolerance, limit) per candidate
+  --       releases R, reserve horizon, phase (0..1), then 4 per release, then (interval,
+  --       tolerance, limit, may reserve) per candidate
+  -- reply: now, wait, lease blocked, learn version, then (candidate index, gap since the
+  --        pair's previous admission, when it may go: 0 now, else a reserved time) per lease
   local want = tonumber(ARGV[2])
   local prefix = ARGV[3]
   local next_id = tonumber(ARGV[4])
@@ -60,19 +78,22 @@ if op == 'admit' then
   local ointerval = tonumber(ARGV[6])
   local otol = tonumber(ARGV[7])
   local releases = tonumber(ARGV[8])
-  release_all(releases, 3, 9)  -- first, so the places they free count now
-  local kbase, abase = 2 + 2 * releases, 9 + 4 * releases
+  local horizon = tonumber(ARGV[9])
+  local phase = tonumber(ARGV[10])
+  release_all(releases, 3, 11)  -- first, so the places they free count now
+  local kbase, abase = 2 + 2 * releases, 11 + 4 * releases
   local o = redis.call('HMGET', KEYS[1], 'tat', 'hold')
   local otat, ohold = num(o[1], NEG), num(o[2], NEG)
   local n = (#KEYS - kbase) / 3
   local c = {}
   for i = 1, n do
     local pk, lk, ek = KEYS[kbase + 3 * i - 2], KEYS[kbase + 3 * i - 1], KEYS[kbase + 3 * i]
-    local a = abase + 3 * (i - 1)
+    local a = abase + 4 * (i - 1)
     local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol')
     local dead = num(redis.call('HGET', ek, 'dead'), NEG)
     c[i] = {
       interval = tonumber(ARGV[a]), tol = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 2]),
+      reserve = ARGV[a + 3] == '1',
       tat = num(f[1], NEG), block = math.max(num(f[2], NEG), num(f[3], NEG), dead),
       last = num(f[4], NEG), busy = redis.call('ZCARD', lk), pk = pk, lk = lk,
     }
@@ -92,6 +113,26 @@ if op == 'admit' then
   local wait = math.huge
   local lease_blocked = 0
   local admitted = 0
+  -- one lease on pair x at time `at` (now, or a reserved later time)
+  local function take(i, at)
+    local x = c[i]
+    if ointerval > 0 then
+      otat = math.max(otat, at) + ointerval
+    end
+    local gap = at - x.last
+    x.tat = math.max(x.tat, at) + x.interval
+    x.last = at
+    x.busy = x.busy + 1
+    redis.call('ZADD', x.lk, now + ttl, prefix .. ':' .. next_id)
+    next_id = next_id + 1
+    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(at), 'tol', f6(x.tol))
+    redis.call('EXPIRE', x.pk, IDLE)
+    redis.call('EXPIRE', x.lk, IDLE)
+    out[#out + 1] = i
+    out[#out + 1] = f6(gap)
+    out[#out + 1] = at > now and f6(at) or 0
+    admitted = admitted + 1
+  end
   while admitted < want do
     local best, best_load, best_tat = nil, 0, 0
     for i = 1, n do
@@ -118,21 +159,46 @@ if op == 'admit' then
         wait = math.min(wait, oready)
         break
       end
-      otat = math.max(otat, now) + ointerval
     end
-    local x = c[best]
-    local gap = now - x.last
-    x.tat = math.max(x.tat, now) + x.interval
-    x.last = now
-    x.busy = x.busy + 1
-    redis.call('ZADD', x.lk, now + ttl, prefix .. ':' .. next_id)
-    next_id = next_id + 1
-    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(now), 'tol', f6(x.tol))
-    redis.call('EXPIRE', x.pk, IDLE)
-    redis.call('EXPIRE', x.lk, IDLE)
-    out[#out + 1] = best
-    out[#out + 1] = f6(gap)
-    admitted = admitted + 1
+    take(best, now)
+  end
+  -- Nothing now: the tokens due soon (within the horizon and half their pair's interval)
+  -- are taken for this caller, each at its own time, up to `want`: processes that wake
+  -- together for one token do not all call again for it, and one call serves several
+  -- requests; the caller sends each at its time. A request that reached the server late
+  -- moves its pair's next token later when its answer comes (release), which a
+  -- reservation made before could not see: so only on pairs the caller knows warm, and at
+  -- most half an interval ahead (the previous request's answer is in by then on any path
+  -- faster than that).
+  if admitted == 0 and horizon > 0 then
+    local due, opens = {}, math.huge
+    for i = 1, n do
+      local x = c[i]
+      local at = math.max(x.tat - x.tol, x.block, now)
+      if x.reserve and x.busy < x.limit then
+        local ahead = math.min(horizon, x.interval / 2)
+        if at <= now + ahead then
+          due[#due + 1] = {i, at}
+        else  -- too far yet: ask again when it can be reserved, at the caller's own
+          -- phase within the window (callers told together would all call together)
+          opens = math.min(opens, at - ahead * (1 - phase))
+        end
+      end
+    end
+    table.sort(due, function(a, b) return a[2] < b[2] end)
+    if ointerval > 0 and #due > 0 then  -- an origin budget: one, when it allows
+      local at = math.max(due[1][2], otat - otol, ohold)
+      if at <= now + horizon then
+        take(due[1][1], at)
+      end
+    else
+      for k = 1, math.min(#due, want) do
+        take(due[k][1], due[k][2])
+      end
+    end
+    if admitted == 0 then
+      wait = math.min(wait, opens)
+    end
   end
   if ointerval > 0 and admitted > 0 then
     redis.call('HSET', KEYS[1], 'tat', f6(otat))
@@ -148,6 +214,13 @@ if op == 'admit' then
 elseif op == 'release' then
   -- KEYS: (lease, pair) per release   ARGV: op, then (token, arrived, back, interval) each
   release_all(#KEYS / 2, 1, 2)
+  return f6(now)
+
+elseif op == 'leave' then
+  -- a process closing: its leases back, its presence gone
+  -- KEYS: procs, then (lease, pair) per release   ARGV: op, process id, then 4 per release
+  release_all((#KEYS - 1) / 2, 2, 3)
+  redis.call('ZREM', KEYS[1], ARGV[2])
   return f6(now)
 
 elseif op == 'hold' then
@@ -182,10 +255,44 @@ elseif op == 'renew' then
   for i = 2, #KEYS do
     redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[i + 2])
   end
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  redis.call('EXPIRE', KEYS[1], IDLE)
-  return {f6(now), redis.call('ZCARD', KEYS[1])}
+  return presence(KEYS[1], ARGV[2], ttl)
+
+elseif op == 'rejoin' then
+  -- back after Redis was lost: leases in flight registered again, leases released
+  -- meanwhile taken out, and what this process paced or held meanwhile seeded (the
+  -- later deadline wins, so shared holds and bans stand and nothing bursts)
+  -- KEYS: procs, L lease keys to register, S lease keys to clean, P pair keys, O learn keys
+  -- ARGV: op, process id, ttl, L, S, P, L tokens, S tokens, then (tat, tol, cool, ban) per pair
+  local ttl, l, s, p = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]),
+    tonumber(ARGV[6])
+  for i = 1, l do
+    redis.call('ZADD', KEYS[1 + i], now + ttl, ARGV[6 + i])
+    redis.call('EXPIRE', KEYS[1 + i], IDLE)
+  end
+  for i = 1, s do
+    redis.call('ZREM', KEYS[1 + l + i], ARGV[6 + l + i])
+  end
+  for i = 1, p do
+    local pk, a = KEYS[1 + l + s + i], 6 + l + s + 4 * (i - 1)
+    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'tol')
+    local fields = {'tat', 'cool', 'ban'}
+    local cur = {num(f[1], NEG), num(f[2], NEG), num(f[3], NEG)}
+    local new = {tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])}
+    for j = 1, 3 do
+      if new[j] > cur[j] then
+        redis.call('HSET', pk, fields[j], f6(new[j]))
+      end
+    end
+    if not f[4] then
+      redis.call('HSET', pk, 'tol', ARGV[a + 2])
+    end
+    redis.call('EXPIRE', pk, IDLE)
+  end
+  local reply = presence(KEYS[1], ARGV[2], ttl)
+  for i = 2 + l + s + p, #KEYS do
+    reply[#reply + 1] = redis.call('HGET', KEYS[i], 'v') or '0'
+  end
+  return reply
 
 elseif op == 'learn_get' then
   -- KEYS: learn

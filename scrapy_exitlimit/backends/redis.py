@@ -15,9 +15,15 @@ compare-and-set: an update made from stale knowledge loses and the current
 state is adopted, so one congestion event lowers the rate once across all
 processes).
 
-When Redis goes away mid-crawl the crawl goes on: by default on local state
-(each process pacing at its share of the rates), or paused
-(``EXITLIMIT_REDIS_ON_ERROR = "pause"``), while it reconnects with backoff.
+When Redis goes away mid-crawl the crawl goes on, by default on local state:
+the processes the heartbeat last showed split the exits between them by
+rendezvous hashing (each its own exits at their full rate, so none collide);
+a process that never saw the member list paces every pair at 1/N of its rate.
+Or it pauses (``EXITLIMIT_REDIS_ON_ERROR = "pause"``). It reconnects with
+backoff; when Redis is back each process registers its leases again and seeds
+Redis with its exits' schedules, holds and what it learned (the later deadline
+wins; an empty, restarted Redis gets what the processes knew), and keeps to its
+own exits until every process it split the pool with has rejoined.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import json
 import logging
 import math
 import os
+import random
 import socket
 import time
 import uuid
@@ -37,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred
 
 from ..core import Candidate, Event, Lease
+from ..core.limiter import INDEX_ABOVE
+from ..core.partition import share
 from .base import Admission, Backend
 from .channel import ScriptChannel, open_channel
 
@@ -56,23 +65,52 @@ logger = logging.getLogger(__name__)
 
 #: a lease not renewed for this long is free again (its process died)
 LEASE_TTL = 15.0
-HEARTBEAT = LEASE_TTL / 3
+#: presence (who shares the pool: the partition if Redis is lost) and lease renewal
+HEARTBEAT = 1.0
 #: candidate exits sent per admission (the best this process knows of): the first
 #: FIRST_CANDIDATES + wanted in one call, the rest in a second only when needed
 MAX_CANDIDATES = 32
 FIRST_CANDIDATES = 4
+#: large pools: the exits this process used last, tried first (warm connections)
+WARM_KEEP = 96
 #: Redis key strings kept ready, at most
 KEY_CACHE = 100_000
 #: exits busy with other processes' leases: look again this soon (their
 #: releases do not wake this process)
 LEASE_POLL = 0.05
-RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
+RECONNECT_BACKOFF = (0.25, 0.5, 1.0)
+#: back from an outage, a process keeps to its share of the exits until every process it
+#: split the pool with has rejoined (and seeded Redis with its exits' schedules), at most
+#: this long (a process that died meanwhile never does)
+HANDOVER = 5.0
+#: a sticky request pinned to an exit another process holds in a partition looks again
+PARTITION_POLL = 0.5
+#: Redis back empty: a process that learned nothing while it was away waits this long
+#: for one that did to put what it learned in first
+SEED_DELAY = 2.0
+#: a call finding no token ready may be given the earliest one due within this many
+#: seconds (and half its pair's interval), reserved at its time: processes woken together
+#: for one token do not all call again for it (the caller waits for the time, then sends)
+RESERVE_AHEAD = 0.25
+#: a reserved lease not asked for this long after its time is given back unused: sent
+#: later, it could land too close to its pair's next token, taken by another process
+#: (the pacing margin, EXITLIMIT_SAFETY_MARGIN, absorbs less)
+HELD_LATE = 0.01
+#: releases wait for an admission call due within this long, to ride along with it
+RELEASE_WAIT = 0.1
 #: a release waits this long for a call to ride along with (the next admission, usually);
 #: other processes see the freed place that much later, pacing is not shifted
 RELEASE_DELAY = 0.025
 #: what this process learned is looked at (a walk over the origin's pairs) at most this
-#: often after quiet answers; feedback with events is published at once
+#: often after quiet answers, and per LEARN_CHECK_PAIRS pairs that much less often (a
+#: large pool's walk costs what a small pool's does per second); feedback with events
+#: that may change what was learned is looked at, and published, at once
 LEARN_CHECK = 0.05
+LEARN_CHECK_PAIRS = 200
+#: event kinds that never change what was learned (they need no look at once)
+NOT_LEARNED = frozenset({"concurrency_increase", "concurrency_decrease", "cooldown",
+                         "pair_banned", "evicted", "recovered", "breaker_open",
+                         "quota_exhausted", "origin_timeout", "exit_ip_changed"})
 ON_ERROR = ("local", "pause")
 #: scrapy-redis settings -> redis-py arguments
 _SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
@@ -131,7 +169,19 @@ class RedisBackend(Backend):
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.shared = True
         self.processes = 1
-        self._client: aioredis.Redis | None = None
+        #: live processes at the last heartbeat (this one included), and when each last
+        #: renewed its presence (Redis time)
+        self.members: tuple[str, ...] = ()
+        self._renewed: dict[str, float] = {}
+        #: while the pool is split (Redis lost, or back and not everyone rejoined yet):
+        #: the members it was split between; and when this process rejoined
+        self._partition: tuple[str, ...] | None = None
+        self._rejoined_at = math.inf
+        #: (lease key, token) of shared leases released while Redis was lost
+        self._stale: list[tuple[str, str]] = []
+        self._client: aioredis.Redis | aioredis.RedisCluster | None = None
+        #: the URL names a Redis Cluster node (found at start): a cluster client is used
+        self.cluster = False
         self._script: Any = None
         self._channel: ScriptChannel | None = None  # the lean path for script calls
         self._lua = resources.files(__package__).joinpath("exitlimit.lua").read_text()
@@ -148,7 +198,20 @@ class RedisBackend(Backend):
         self._heartbeat: asyncio.Task | None = None
         self._reconnect: asyncio.Task | None = None
         self._closed = False
+        #: answer a call that finds no token with a later one reserved (RESERVE_AHEAD)
+        self.reserve = True
+        #: when this process will next make an admission call, as far as it knows (a
+        #: reserved token's time, or when an answer said to ask again): releases wait for it
+        self._next_call = -math.inf
+        #: origin -> leases reserved for later, by time (a call hands them out when due)
+        self._held: dict[str, list[tuple[float, int, Lease]]] = {}
+        #: large pools: origin -> the exits used last (most recent last) and their candidacy
+        self._warm: dict[str, dict[str, Candidate]] = {}
+        self._planned: dict[str, float] = {}  # origin -> when it was last planned
         self.round_trips = 0
+        self.calls: dict[str, int] = {}  # script calls by operation
+        self.empty_admissions = 0  # admission calls that granted nothing
+        self.held_late = 0  # reserved leases given back unused: asked for too late
         self.errors = 0
 
     @classmethod
@@ -158,7 +221,8 @@ class RedisBackend(Backend):
         return backend
 
     def describe(self) -> str:
-        return f"redis at {_safe_url(self.url, self.params)} (prefix {self.prefix})"
+        kind = "redis cluster" if self.cluster else "redis"
+        return f"{kind} at {_safe_url(self.url, self.params)} (prefix {self.prefix})"
 
     # -- keys (all with the prefix as hash tag: one Cluster slot) ----------------
     def _key(self, kind: str, *parts: str) -> str:
@@ -187,6 +251,8 @@ class RedisBackend(Backend):
             with client:
                 seconds, micros = client.time()
                 self._offset = seconds + micros / 1e6 - time.monotonic()
+                # a Cluster node: the pool's keys live on whichever node serves their slot
+                self.cluster = bool(client.info("cluster").get("cluster_enabled"))
         except (redis.RedisError, OSError, ValueError) as exc:
             raise RedisUnavailable(
                 f"EXITLIMIT_BACKEND is redis but Redis at {_safe_url(self.url, self.params)} "
@@ -196,16 +262,23 @@ class RedisBackend(Backend):
         """The asyncio client, created on the running loop."""
         if self._channel is not None:
             self._channel.close()
-        self._client = (aioredis.Redis.from_url(self.url, **self.params) if self.url
-                        else aioredis.Redis(**self.params))
+        if self.cluster:  # redis-py finds the node serving the pool's slot, and follows it
+            params = {k: v for k, v in self.params.items() if k != "db"}
+            self._client = (aioredis.RedisCluster.from_url(self.url, **params) if self.url
+                            else aioredis.RedisCluster(**params))
+            self._channel = None
+        else:
+            self._client = (aioredis.Redis.from_url(self.url, **self.params) if self.url
+                            else aioredis.Redis(**self.params))
+            self._channel = open_channel(self._client, self._lua)
         self._script = self._client.register_script(self._lua)
-        self._channel = open_channel(self._client, self._lua)
 
     async def _call(self, keys: list[str], args: list[Any]) -> Any:
         """One script call (one round trip)."""
         if self._client is None:
             self._connect()
         self.round_trips += 1
+        self.calls[args[0]] = self.calls.get(args[0], 0) + 1
         if self._channel is not None:
             return await self._channel.call(keys, args)
         return await self._script(keys=keys, args=args)
@@ -224,13 +297,22 @@ class RedisBackend(Backend):
 
     def _flush_releases(self) -> None:
         self._flush_timer = None
-        if self._releases and self.shared:
-            keys, args = self._take_releases()
-            self._spawn(self._shared_op(keys, ["release", *args]))
+        if not self._releases or not self.shared:
+            return
+        now = self.clock()
+        soon = self._next_call - now
+        if 0 < soon <= RELEASE_WAIT and now - self._releases[0][1][2] < RELEASE_WAIT:
+            # an admission call is due soon (a reserved token's time, or when the last
+            # answer said to ask again): the releases ride along with it
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                soon + RELEASE_DELAY, self._flush_releases)
+            return
+        keys, args = self._take_releases()
+        self._spawn(self._shared_op(keys, ["release", *args]))
 
     def open(self) -> None:
         self._connect()
-        self._heartbeat = asyncio.ensure_future(self._beat())
+        self._heartbeat = asyncio.ensure_future(self._beat())  # the first one at once
 
     def close(self) -> Deferred | None:
         self._closed = True
@@ -250,17 +332,16 @@ class RedisBackend(Backend):
     async def _release_all(self, client: aioredis.Redis) -> None:
         """Leases still held at close go back now, not when they expire."""
         try:
-            if self.shared:
-                pipe = client.pipeline(transaction=False)
-                if self._releases:
-                    keys, args = self._take_releases()
-                    await self._script(keys=keys, args=["release", *args], client=pipe)
+            if self.shared:  # one call (the keys share a slot: a Cluster takes it too)
+                keys, args = self._take_releases()
                 for lease_id in list(self._shared_leases):
                     lease = self.limiter.leases.get(lease_id)
                     if lease is not None:
-                        pipe.zrem(self._key("lease", lease.exit_id), self._token(lease_id))
-                pipe.zrem(self._key("procs"), self.process_id)
-                await pipe.execute()
+                        keys += [self._key("lease", lease.exit_id),
+                                 self._key("pair", lease.origin, lease.pair or lease.exit_id)]
+                        args += [self._token(lease_id), 0, 0, 0]
+                await self._script(keys=[self._key("procs"), *keys],
+                                   args=["leave", self.process_id, *args])
         except (redis.RedisError, OSError) as exc:
             logger.debug("exitlimit: could not hand leases back to Redis at close: %s", exc)
         finally:
@@ -275,16 +356,60 @@ class RedisBackend(Backend):
         if not self.shared or self._closed:
             return
         self.shared = False
-        self._shared_leases.clear()
+        # releases not sent: their places are taken out of Redis when it is back
+        self._stale += [(rkeys[0], args[0]) for rkeys, args in self._releases]
         self._releases.clear()
-        if self.on_error == "local":
-            self.limiter.share = 1.0 / max(self.processes, 1)
-            logger.warning("exitlimit: Redis lost (%s): continuing on local state at 1/%d of "
-                           "each pair's rate while reconnecting", exc, self.processes)
-        else:
+        if self.on_error == "pause":
             logger.warning("exitlimit: Redis lost (%s): admissions paused while reconnecting "
                            "(EXITLIMIT_REDIS_ON_ERROR=pause)", exc)
+        elif self.process_id in self.members:
+            self._take_partition(exc)
+        else:  # lost before this process saw who else is there
+            self.limiter.share = 1.0 / max(self.processes, 1)
+            logger.warning("exitlimit: Redis lost (%s) before the member list was seen: "
+                           "continuing on local state at 1/%d of each pair's rate while "
+                           "reconnecting", exc, self.processes)
         self._reconnect = asyncio.ensure_future(self._reconnect_loop())
+
+    def _take_partition(self, exc: BaseException) -> None:
+        """Split the exits with the processes the last heartbeat showed: this one uses
+        only its share, each exit at its full rate, so no two processes meet on one."""
+        members = self.members
+        mine = share(self.limiter.exits, members, self.process_id)
+        self._partition = members
+        self.limiter.share = 1.0
+        self.limiter.restrict(mine)
+        # another process may have just used one of these, or holds a token reserved on
+        # one (up to RESERVE_AHEAD on): that long before each goes
+        now = self.clock()
+        for origin in self.limiter.origins:
+            for exit_id in mine:
+                bucket = self.limiter.pair_state(origin, exit_id).bucket
+                bucket.hold_until(now + max(bucket.interval, RESERVE_AHEAD))
+        logger.warning("exitlimit: Redis lost (%s): partition taken: this process uses %d of "
+                       "%d exits (rendezvous hash over %d processes) at their full rate while "
+                       "reconnecting", exc, len(mine), len(self.limiter.exits), len(members))
+
+    def _give_back_partition(self, why: str) -> None:
+        if self._partition is None:
+            return
+        self._partition = None
+        self._rejoined_at = math.inf
+        self.limiter.restrict(None)
+        logger.warning("exitlimit: partition given back (%s): every exit shared again", why)
+
+    def _check_handover(self, now: float) -> None:
+        """Back from an outage: the partition stays until everyone it was split with has
+        renewed since this process rejoined (or HANDOVER has passed)."""
+        if self._partition is None or not self.shared:
+            return
+        waiting = [m for m in self._partition if m != self.process_id
+                   and self._renewed.get(m, -math.inf) < self._rejoined_at]
+        if not waiting:
+            self._give_back_partition(f"all {len(self._partition)} processes rejoined")
+        elif now - self._rejoined_at >= HANDOVER:
+            self._give_back_partition(f"{len(waiting)} of {len(self._partition)} processes "
+                                      f"not back after {HANDOVER:g} s")
 
     async def _reconnect_loop(self) -> None:
         attempt = 0
@@ -295,18 +420,69 @@ class RedisBackend(Backend):
                 if self._client is not None:
                     await self._client.aclose()
                 self._connect()
-                reply = await self._call([self._key("procs")], ["time"])
-                self._observe_time(float(reply), time.monotonic())
+                await self._rejoin()
             except (redis.RedisError, OSError) as exc:
                 logger.debug("exitlimit: Redis still unreachable (%s)", exc)
                 continue
-            self.shared = True
-            self.limiter.share = 1.0
-            self._learn_seen.clear()  # Redis may have restarted empty: publish what we know
-            self._marks.clear()
-            logger.warning("exitlimit: Redis is back after %d attempt(s): shared state resumed",
-                           attempt)
+            logger.warning("exitlimit: Redis is back after %d attempt(s): shared state resumed%s",
+                           attempt, "; keeping to this process's share of the exits until the "
+                           "others rejoin" if self._partition is not None else "")
+            self._check_handover(self._rejoined_at)
             return
+
+    async def _rejoin(self) -> None:
+        """One call: leases in flight registered again, those released meanwhile taken out,
+        this process's pair schedules, holds and bans seeded (the later wins), presence
+        renewed; then what it learned is published where Redis has nothing newer."""
+        limiter, now = self.limiter, self.clock()
+        leases = list(limiter.leases.values())
+        stale = self._stale
+        pkeys: list[str] = []
+        pargs: list[Any] = []
+        for origin, ostate in limiter.origins.items():
+            for pair_key, pair in ostate.pairs.items():
+                bucket = pair.bucket
+                if max(bucket.tat, pair.cooldown_until, pair.banned_until) <= now:
+                    continue  # nothing to say: the pair is free as far as this process knows
+                pkeys.append(self._key("pair", origin, pair_key))
+                pargs += [_f(bucket.tat), repr(bucket.tolerance), _f(pair.cooldown_until),
+                          _f(pair.banned_until)]
+        origins = list(limiter.origins)
+        keys = [self._key("procs"), *(self._key("lease", lease.exit_id) for lease in leases),
+                *(key for key, _ in stale), *pkeys,
+                *(self._origin_keys(origin)[1] for origin in origins)]
+        args = ["rejoin", self.process_id, LEASE_TTL, len(leases), len(stale), len(pkeys),
+                *(self._token(lease.id) for lease in leases), *(token for _, token in stale),
+                *pargs]
+        reply = await self._call(keys, args)
+        self._observe_time(float(reply[0]), time.monotonic())
+        versions = reply[2 + 2 * int(reply[1]):]
+        self._saw_members(reply[:2 + 2 * int(reply[1])])
+        self._stale = []
+        self._shared_leases = {lease.id for lease in leases}
+        self._rejoined_at = float(reply[0])
+        self.shared = True
+        self.limiter.share = 1.0
+        loop = asyncio.get_running_loop()
+        for origin, version in zip(origins, versions, strict=True):
+            if str(version) == "0":  # a restarted, empty Redis: what this process knows
+                self._learn_seen[origin] = "0"
+                if self.limiter.learning_mark(origin) == self._marks.get(origin):
+                    # nothing learned while away: a process that did goes first
+                    loop.call_later(SEED_DELAY, self._seed, origin)
+                    continue
+                self._marks.pop(origin, None)
+            elif str(version) != self._learn_seen.get(origin):
+                self._spawn(self._pull_learning(origin, str(version)))
+                continue
+            self._sync_learning(origin, urgent=True)
+
+    def _seed(self, origin: str) -> None:
+        """Redis came back empty and nobody put in what the pool had learned: this
+        process's copy goes in (compare-and-set: if someone was first, theirs stands)."""
+        if self.shared and self._learn_seen.get(origin) == "0" and origin in self.limiter.origins:
+            self._marks.pop(origin, None)
+            self._sync_learning(origin, urgent=True)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -324,25 +500,43 @@ class RedisBackend(Backend):
             return None
 
     async def _beat(self) -> None:
-        """Renew this process's leases and presence; count the processes sharing the pool."""
+        """Renew this process's leases and presence; see who shares the pool."""
         while not self._closed:
+            if self.shared:
+                keys, tokens = [self._key("procs")], []
+                for lease_id in self._shared_leases:
+                    lease = self.limiter.leases.get(lease_id)
+                    if lease is not None:
+                        keys.append(self._key("lease", lease.exit_id))
+                        tokens.append(self._token(lease_id))
+                reply = await self._shared_op(keys, ["renew", self.process_id, LEASE_TTL,
+                                                     *tokens])
+                if reply is not None:
+                    self._saw_members(reply)
+                    self._check_handover(float(reply[0]))
+            self._drop_late_held()
             await asyncio.sleep(HEARTBEAT)
-            if not self.shared:
-                continue
-            keys, tokens = [self._key("procs")], []
-            for lease_id in self._shared_leases:
-                lease = self.limiter.leases.get(lease_id)
-                if lease is not None:
-                    keys.append(self._key("lease", lease.exit_id))
-                    tokens.append(self._token(lease_id))
-            reply = await self._shared_op(keys, ["renew", self.process_id, LEASE_TTL, *tokens])
-            if reply is not None:
-                self.processes = int(reply[1])
+
+    def _saw_members(self, reply: list[Any]) -> None:
+        """A presence reply: now, count, then (process id, when it last renewed) each."""
+        flat = reply[2:]
+        self._renewed = {str(m): float(at) for m, at in zip(flat[::2], flat[1::2],
+                                                             strict=True)}
+        self.members = tuple(sorted(self._renewed))
+        self.processes = max(len(self.members), 1)
 
     # -- admission ------------------------------------------------------------
     def admit(self, origin: str, want: int, now: float,
               only: str | None = None) -> asyncio.Future:
-        return asyncio.ensure_future(self._admit(origin, want, only))
+        return asyncio.ensure_future(self._admit_and_poll(origin, want, only))
+
+    async def _admit_and_poll(self, origin: str, want: int, only: str | None) -> Admission:
+        got = await self._admit(origin, want, only)
+        if got.leases or self._partition is None:
+            return got
+        # while the pool is split, ask again soon whatever the answer: the split ends
+        # without a release to wake the queue, and a pinned exit may be held elsewhere
+        return Admission([], min(got.wait, self.clock() + PARTITION_POLL), got.release_helps)
 
     async def _admit(self, origin: str, want: int, only: str | None) -> Admission:
         if not self.shared:
@@ -353,37 +547,140 @@ class RedisBackend(Backend):
             self._learn_seen.pop(origin, None)
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
-        candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
-        if not candidates:
-            return Admission([], earliest)
-        # the best few first (what this process knows of their load); the rest only when
-        # those could not grant everything asked for: fewer keys to send and check
+        if only is None and origin in self._held:
+            return self._from_held(origin, now)
+        # the best few first (what this process knows of their load; in a large pool the
+        # exits it used last, alone, with no plan made while they serve: the pool's other
+        # exits are not even looked at); the rest only when those could not grant
+        # everything asked for: fewer keys to send and check
         first = FIRST_CANDIDATES + want
+        best = (self._warm_ready(origin, now)[:first]
+                if only is None and origin in self._warm else [])
+        candidates: list[Candidate] = []
+        earliest, planned = math.inf, not best
+        if planned:
+            candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+            if not candidates:
+                return Admission([], earliest)
+            best, candidates = candidates[:first], candidates[first:]
+            self._planned[origin] = now
+        elif now - self._planned.get(origin, -math.inf) >= 1.0:
+            limiter.plan(origin, now, 1)  # its time-driven upkeep (learning ages, scouts)
+            self._planned[origin] = now
         leases: list[Lease] = []
+        reserved: list[tuple[float, int, Lease]] = []
         wait, lease_blocked = math.inf, False
-        for chunk in (candidates[:first], candidates[first:]):
-            if not chunk or len(leases) >= want:
+        for chunk in (best, None):
+            if len(leases) + len(reserved) >= want:
+                break
+            if chunk is None:  # the rest
+                if not planned:
+                    taken = {c.exit_id for c in best}
+                    candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+                    candidates = [c for c in candidates if c.exit_id not in taken]
+                    self._planned[origin] = now
+                chunk = candidates
+            if not chunk:
                 continue
             try:
-                got, chunk_wait, blocked = await self._admit_on(origin, want - len(leases),
-                                                                chunk)
+                got, chunk_wait, blocked = await self._admit_on(
+                    origin, want - len(leases) - len(reserved), chunk, only is None)
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
                 return self._admit_locally(origin, want, only)
-            leases += got
+            for at, lease in got:
+                if at:
+                    reserved.append((at, lease.id, lease))
+                else:
+                    leases.append(lease)
             wait, lease_blocked = min(wait, chunk_wait), lease_blocked or blocked
+            if reserved:
+                break
         self._sync_learning(origin)
+        if reserved:  # tokens reserved for later: each request goes at its token's time
+            reserved.sort()
+            self._held[origin] = reserved
+            self._next_call = reserved[-1][0]
+            return Admission(leases, self.clock() if leases else reserved[0][0], False)
         if lease_blocked:
             wait = min(wait, self.clock() + LEASE_POLL)
         # a pair waiting for its first answer (single file) is woken by that answer
-        release_helps = lease_blocked or any(
-            p.single_file for p in limiter.origin_state(origin).pairs.values())
+        release_helps = lease_blocked or self._single_file(origin)
+        self._next_call = self.clock() if leases else min(wait, earliest)
         return Admission(leases, min(wait, earliest), release_helps)
 
-    async def _admit_on(self, origin: str, want: int,
-                        candidates: list[Candidate]) -> tuple[list[Lease], float, bool]:
-        """One admission call on these candidates: (leases, when to ask again, whether a
-        lease limit stood in the way)."""
+    def _single_file(self, origin: str) -> bool:
+        """Whether a pair of this origin waits for its first answer (which wakes the
+        queue): through this process's leases or the origin's pairs, whichever is fewer."""
+        pairs = self.limiter.origin_state(origin).pairs
+        leases = self.limiter.leases
+        if len(leases) < len(pairs):
+            return any(pair.single_file for lease in leases.values()
+                       if lease.origin == origin
+                       and (pair := pairs.get(lease.pair or lease.exit_id)) is not None)
+        return any(pair.single_file for pair in pairs.values())
+
+    def _warm_ready(self, origin: str, now: float) -> list[Candidate]:
+        """A large pool: the exits this process used last and knows ready, most recent
+        first. They are tried alone first (open connections, proven pairs); the plan's,
+        looked at round robin, only after."""
+        limiter = self.limiter
+        pairs = limiter.origin_state(origin).pairs
+        warm = []
+        for exit_id, c in reversed(self._warm[origin].items()):
+            estate = limiter.exits[exit_id]
+            pair = pairs.get(c.pair)
+            # only what this process knows ready, or soon enough to be reserved (others
+            # would cost a second call)
+            if (pair is None or pair.single_file or estate.in_flight >= estate.limit
+                    or estate.health.dead(now)
+                    or pair.ready_at(now) > now + pair.bucket.interval / 2
+                    or (limiter.allowed is not None and exit_id not in limiter.allowed)):
+                continue
+            warm.append(c)
+        return warm
+
+    def _used(self, origin: str, c: Candidate) -> None:
+        """Remember an exit this process was granted (large pools: see _warm_first)."""
+        if len(self.limiter.exits) <= INDEX_ABOVE:
+            return
+        warm = self._warm.setdefault(origin, {})
+        warm.pop(c.exit_id, None)
+        warm[c.exit_id] = c
+        if len(warm) > WARM_KEEP:
+            del warm[next(iter(warm))]
+
+    def _from_held(self, origin: str, now: float) -> Admission:
+        """Leases reserved by an earlier call whose time has come; no call to Redis."""
+        held = self._held[origin]
+        due = []
+        while held and held[0][0] <= now:
+            at, lease_id, lease = held.pop(0)
+            if now - at > HELD_LATE:  # sent this late it could land on the next token
+                self.held_late += 1
+                self.release(lease_id, answered=False)
+            else:
+                due.append(lease)
+        if not held:
+            del self._held[origin]
+        return Admission(due, now if due or not held else held[0][0], False)
+
+    def _drop_late_held(self) -> None:
+        """Reserved leases nobody asked for in time (their requests went away) go back."""
+        now = self.clock()
+        for origin in list(self._held):
+            held = self._held[origin]
+            while held and now - held[0][0] > HELD_LATE:
+                self.held_late += 1
+                self.release(held.pop(0)[1], answered=False)
+            if not held:
+                del self._held[origin]
+
+    async def _admit_on(self, origin: str, want: int, candidates: list[Candidate],
+                        reserve: bool) -> tuple[list[tuple[float, Lease]], float, bool]:
+        """One admission call on these candidates: ((when it may go: 0 now, else its
+        reserved token's time; lease) each, when to ask again, whether a lease limit
+        stood in the way). ``reserve``: tokens due soon may be reserved."""
         limiter = self.limiter
         budget = limiter.origin_state(origin).budget
         # the releases waiting to go out ride along, applied first
@@ -394,21 +691,32 @@ class RedisBackend(Backend):
         args: list[Any] = ["admit", want, self.process_id, first_id, LEASE_TTL,
                            budget.interval if budget is not None else 0,
                            budget.tolerance if budget is not None else 0, len(rkeys) // 2,
-                           *rargs]
+                           RESERVE_AHEAD if self.reserve and reserve else 0,
+                           # callers of a window apart: decorrelated anew every call
+                           f"{random.random() * 0.8:.3f}", *rargs]
+        pairs = limiter.origin_state(origin).pairs
         for c in candidates:
             keys += self._candidate_keys(origin, c)
-            args += [repr(c.interval), repr(c.tolerance), c.limit]
+            pair = pairs.get(c.pair)
+            warm = pair is not None and limiter.arrival_slack(pair) > 0
+            args += [repr(c.interval), repr(c.tolerance), c.limit, 1 if warm else 0]
         reply = await self._call(keys, args)
         received = time.monotonic()
         redis_now, wait, lease_blocked, version = (float(reply[0]), float(reply[1]),
                                                    int(reply[2]), str(reply[3]))
         self._observe_time(redis_now, received)
+        if len(reply) == 4:
+            self.empty_admissions += 1
         leases = []
-        for i, (index, gap) in enumerate(zip(reply[4::2], reply[5::2], strict=True)):
-            lease = limiter.grant(origin, candidates[int(index) - 1].exit_id, redis_now,
-                                  float(gap), lease_id=first_id + i)
+        for i, (index, gap, at) in enumerate(zip(reply[4::3], reply[5::3], reply[6::3],
+                                                 strict=True)):
+            at = float(at)
+            c = candidates[int(index) - 1]
+            self._used(origin, c)
+            lease = limiter.grant(origin, c.exit_id, at or redis_now, float(gap),
+                                  lease_id=first_id + i)
             self._shared_leases.add(lease.id)
-            leases.append(lease)
+            leases.append((at, lease))
         if version != self._learn_seen.get(origin):
             await self._pull_learning(origin, version)
         return leases, wait, bool(lease_blocked)
@@ -447,8 +755,10 @@ class RedisBackend(Backend):
 
     def _adopt(self, origin: str, version: str, blob: str) -> None:
         self._learn_seen[origin] = version
-        if blob:
-            self.limiter.import_learning(origin, json.loads(blob))
+        if not blob:  # nothing there (a restarted Redis): what this process knows goes in
+            self._marks.pop(origin, None)
+            return
+        self.limiter.import_learning(origin, json.loads(blob))
         self._marks[origin] = self.limiter.learning_mark(origin)
 
     def _sync_learning(self, origin: str, urgent: bool = False) -> None:
@@ -456,7 +766,9 @@ class RedisBackend(Backend):
         if not self.shared or origin in self._publishing:
             return
         now = self.clock()
-        if not urgent and now - self._mark_checked.get(origin, -math.inf) < LEARN_CHECK:
+        ostate = self.limiter.origins.get(origin)
+        every = LEARN_CHECK * max(1.0, len(ostate.pairs) / LEARN_CHECK_PAIRS) if ostate else 0
+        if not urgent and now - self._mark_checked.get(origin, -math.inf) < every:
             return
         self._mark_checked[origin] = now
         mark = self.limiter.learning_mark(origin)
@@ -486,7 +798,10 @@ class RedisBackend(Backend):
     # -- feedback ----------------------------------------------------------------
     def release(self, lease_id: int, answered: bool = True) -> Lease | None:
         lease = self.limiter.release(lease_id, answered)
-        if lease is not None and lease_id in self._shared_leases:
+        if lease is not None and lease_id in self._shared_leases and not self.shared:
+            self._shared_leases.discard(lease_id)  # Redis lost: taken out when it is back
+            self._stale.append((self._key("lease", lease.exit_id), self._token(lease_id)))
+        elif lease is not None and lease_id in self._shared_leases:
             self._shared_leases.discard(lease_id)
             pair = self.limiter.pair_state(lease.origin, lease.exit_id)
             self._releases.append((
@@ -526,7 +841,7 @@ class RedisBackend(Backend):
                 self._spawn(self._shared_op([self._key("exit", ev.exit_id)],
                                             ["dead", repr(max(seconds, 0.0))]))
         if origin:
-            self._sync_learning(origin, urgent=bool(events))
+            self._sync_learning(origin, urgent=any(ev.kind not in NOT_LEARNED for ev in events))
         return events
 
     def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
@@ -558,4 +873,11 @@ class RedisBackend(Backend):
 
     def stats(self) -> dict[str, Any]:
         return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,
-                "redis_processes": self.processes}
+                "redis_processes": self.processes, "redis_admit_empty": self.empty_admissions,
+                "redis_reserved_late": self.held_late,
+                **{f"redis_calls/{op}": count for op, count in sorted(self.calls.items())}}
+
+
+def _f(value: float) -> str:
+    """A deadline for the script: -inf (never set) as its own "never"."""
+    return repr(value) if math.isfinite(value) else "-1e18"

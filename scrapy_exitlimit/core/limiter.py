@@ -225,6 +225,8 @@ class Limiter:
         #: this process's share of every pair's rate: below 1 when processes that
         #: normally share state through a backend must each pace on their own
         self.share = 1.0
+        #: the exits this process may admit on (None: all); see ``restrict``
+        self.allowed: frozenset[str] | None = None
 
     # -- state -------------------------------------------------------------
     def origin_state(self, origin: str) -> OriginState:
@@ -310,10 +312,28 @@ class Limiter:
         return budget
 
     # -- admission ---------------------------------------------------------
+    def restrict(self, exit_ids: Iterable[str] | None) -> None:
+        """Admit only on these exits from now on (None: on every exit again).
+
+        For processes that normally share state through a backend and must
+        for a while split the pool between them instead (each its own exits,
+        at their full rate). A sticky request pinned elsewhere waits.
+        """
+        self.allowed = None if exit_ids is None else frozenset(exit_ids)
+        for ostate in self.origins.values():  # large pools: the index starts over
+            ostate.index.clear()
+            ostate.ready[:] = [e for e in reversed(self.exits) if self._allowed(e)]
+            ostate.indexed = set(ostate.ready)
+
+    def _allowed(self, exit_id: str) -> bool:
+        return self.allowed is None or exit_id in self.allowed
+
     def _pool(self, only: str | None) -> Iterable[tuple[str, ExitState]]:
-        if only is None:
+        if only is not None:
+            return ((only, self.exits[only]),) if self._allowed(only) else ()
+        if self.allowed is None:
             return self.exits.items()
-        return ((only, self.exits[only]),)
+        return ((e, self.exits[e]) for e in self.allowed)
 
     def try_admit(self, origin: str, now: float | None = None,
                   only: str | None = None) -> Lease | float:
@@ -383,13 +403,15 @@ class Limiter:
         """
         index, ready = ostate.index, ostate.ready
         if not ostate.indexed:  # first use: every exit ready, the first configured on top
-            ready.extend(reversed(self.exits))
-            ostate.indexed.update(self.exits)
+            ready.extend(e for e in reversed(self.exits) if self._allowed(e))
+            ostate.indexed.update(ready)
         while index and index[0][0] <= now:
             ready.append(heapq.heappop(index)[2])
         while ready:
             exit_id = ready.pop()
             ostate.indexed.discard(exit_id)
+            if not self._allowed(exit_id):  # back when the restriction is lifted
+                continue
             estate = self.exits[exit_id]
             if estate.health.dead(now):
                 self._index(ostate, exit_id, estate.health.dead_until, now)
@@ -471,7 +493,8 @@ class Limiter:
         for i in range(len(order)):
             index = (start + i) % len(order)
             ostate.plan_from = index + 1
-            yield order[index], self.exits[order[index]]
+            if self._allowed(order[index]):
+                yield order[index], self.exits[order[index]]
 
     def reserve_lease_ids(self, count: int) -> int:
         """Set aside ``count`` lease ids (for a shared backend naming leases up front)."""
@@ -685,7 +708,8 @@ class Limiter:
     def _pick_scout(self, ostate: OriginState, now: float, exclude: Sequence[str]
                     ) -> str | None:
         """Another exit to probe with: one of the pool's (no limit of its own), usable."""
-        choices = [e for e in self.exits if e not in exclude and self.usable(ostate.key, e, now)
+        choices = [e for e in self.exits if e not in exclude and self._allowed(e)
+                   and self.usable(ostate.key, e, now)
                    and (p := ostate.pairs.get(self.pair_key(e))) is not None
                    and p.own is None and p.cooldown_until <= now]
         if not choices:

@@ -67,3 +67,98 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    import random
+
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, 30000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+class RedisClusterServer:
+    """A real Redis Cluster of ``masters`` redis-server processes on free loopback ports
+    (no replicas), made with ``redis-cli --cluster create``: for the tests and bench/."""
+
+    def __init__(self, binary: str | None = None, cli: str | None = None,
+                 masters: int = 3) -> None:
+        binary = binary or shutil.which("redis-server")
+        cli = cli or shutil.which("redis-cli")
+        if binary is None or cli is None:
+            raise FileNotFoundError("redis-server and redis-cli are needed "
+                                    "(apt install redis-server)")
+        self.binary, self.cli = binary, cli
+        self.ports: list[int] = []
+        while len(self.ports) < masters:
+            port = _free_cluster_port()
+            if port not in self.ports:
+                self.ports.append(port)
+        self.dir = tempfile.mkdtemp(prefix="exitlimit-redis-cluster-")
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"redis://127.0.0.1:{port}/0" for port in self.ports]
+
+    def start(self) -> None:
+        import os
+
+        for port in self.ports:
+            node_dir = os.path.join(self.dir, str(port))
+            os.makedirs(node_dir, exist_ok=True)
+            self.procs.append(subprocess.Popen(
+                [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", node_dir, "--cluster-enabled", "yes",
+                 "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        try:
+            for port in self.ports:
+                self._wait(port, "PING", b"+PONG")
+            subprocess.run([self.cli, "--cluster", "create",
+                            *(f"127.0.0.1:{port}" for port in self.ports),
+                            "--cluster-replicas", "0", "--cluster-yes"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=30)
+            for port in self.ports:  # every node agrees the cluster is up
+                self._wait(port, "CLUSTER INFO", b"cluster_state:ok")
+        except BaseException:
+            self.stop()
+            raise
+
+    @staticmethod
+    def _wait(port: int, command: str, expect: bytes, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                    s.sendall(command.encode() + b"\r\n")
+                    if expect in s.recv(4096):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"redis cluster node {port}: no {expect!r} to {command!r}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(10)
+        self.procs = []
+
+    def __enter__(self) -> RedisClusterServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,72 @@
+"""At the limit, a call finding no token gets the ones due soon reserved, each request
+going at its token's time: processes woken together do not all call again for one token."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_twisted
+from scrapy.settings import Settings
+
+from scrapy_exitlimit.backends.redis import HELD_LATE, RedisBackend
+from scrapy_exitlimit.config import ExitLimitConfig
+
+from .test_partition import _sleep
+from .test_redis_backend import admit, redis_crawl_settings
+
+
+def warm_backend(redis_url: str) -> RedisBackend:
+    settings = Settings({"EXITLIMIT_EXITS": ["http://127.0.0.10:3128", "http://127.0.0.11:3128"],
+                         "EXITLIMIT_RATE": 5, **redis_crawl_settings(redis_url)})
+    backend = RedisBackend(ExitLimitConfig.from_settings(settings), settings)
+    # as after a few answers on each pair: their paths are known (reservations need that)
+    backend.limiter.arrival_slack = lambda pair: 0.001
+    backend.open()
+    return backend
+
+
+@pytest_twisted.ensureDeferred
+async def test_reserved_leases_are_handed_out_at_their_time_without_another_call(redis_url):
+    backend = warm_backend(redis_url)
+    try:
+        first = await admit(backend, "http://o", want=2)
+        assert len(first.leases) == 2
+        for lease in first.leases:  # answered: the pairs are proven
+            backend.release(lease.id)
+        await _sleep(0.12)  # the next tokens are 80 ms away: within half an interval
+        calls = backend.calls["admit"]
+        got = await admit(backend, "http://o", want=2)
+        assert got.leases == [] and not got.release_helps
+        due = got.wait
+        assert due - backend.clock() == pytest.approx(0.08, abs=0.03)
+        assert backend.calls["admit"] == calls + 1
+        early = await admit(backend, "http://o", want=2)
+        assert early.leases == [] and early.wait == due  # not yet: no call either
+        await _sleep(due - backend.clock())
+        ready = await admit(backend, "http://o", want=2)
+        assert len(ready.leases) == 2
+        assert {lease.exit_id for lease in ready.leases} == {lease.exit_id
+                                                             for lease in first.leases}
+        # each at its own token's time (the two pairs' tokens are a moment apart)
+        assert all(due - 1e-5 <= lease.admitted_at <= backend.clock() + 1e-5
+                   for lease in ready.leases)
+        assert backend.calls["admit"] == calls + 1  # handed out from what was reserved
+    finally:
+        await backend.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_reserved_leases_nobody_asks_for_go_back(redis_url):
+    backend = warm_backend(redis_url)
+    try:
+        for lease in (await admit(backend, "http://o", want=2)).leases:
+            backend.release(lease.id)
+        await _sleep(0.12)
+        got = await admit(backend, "http://o", want=2)
+        assert got.leases == [] and backend._held
+        held = [lease.id for _, _, lease in backend._held["http://o"]]
+        await _sleep(got.wait - backend.clock() + HELD_LATE + 0.05)
+        backend._drop_late_held()  # the heartbeat does this
+        assert not backend._held
+        assert not any(lease_id in backend.limiter.leases for lease_id in held)
+    finally:
+        await backend.close()
