@@ -76,7 +76,10 @@ def _backends(redis_url, **extra):
                          "EXITLIMIT_BACKEND": "redis", "EXITLIMIT_REDIS_URL": redis_url,
                          "EXITLIMIT_START_RATE": 50, **extra})
     config = ExitLimitConfig.from_settings(settings)
-    return RedisBackend(config, settings), RedisBackend(config, settings)
+    one, two = RedisBackend(config, settings), RedisBackend(config, settings)
+    # fixed names: a random pair splits 8 exits 8/0 about once in 128 runs
+    one.process_id, two.process_id = "test-one", "test-two"
+    return one, two
 
 
 async def _sleep(seconds: float) -> None:
@@ -143,7 +146,13 @@ async def test_redis_lost_the_processes_split_the_pool_then_seed_a_restarted_red
             assert float(pair["cool"]) > one.clock() + 20
             # what one learned while Redis was away went in (two had learned nothing)
             version, blob = client.hmget(one._key("learn", origin), "v", "blob")
-            assert json.loads(blob) == learned
+            seeded = json.loads(blob)
+            # the rates learned (who scouts next may have moved on since: not a rate)
+            rates = ("lo", "hi", "proven", "seen")
+            assert [seeded["estimate"][k] for k in rates] == \
+                [learned["estimate"][k] for k in rates]
+            for part in ("site", "own", "overload_rate"):
+                assert seeded[part] == learned[part], part
         await admit(two, origin)  # and two adopts it
         assert two._learn_seen[origin] == version
     finally:
