@@ -146,10 +146,7 @@ async def test_learning_is_shared_and_one_congestion_event_lowers_the_rate_once(
     # exit agrees); here the pool learns at once
     settings = Settings({"EXITLIMIT_EXITS": EXITS[:1], "EXITLIMIT_START_RATE": 8,
                          **redis_crawl_settings(redis_url)})
-    config = ExitLimitConfig.from_settings(settings)
-    one, two = RedisBackend(config, settings), RedisBackend(config, settings)
-    one.open()
-    two.open()
+    one, two = _two_processes(settings)
     origin = "http://o"
     try:
         first = (await admit(one, origin)).leases[0]  # the scout's first request: clean
@@ -195,10 +192,7 @@ async def test_learning_is_shared_and_one_congestion_event_lowers_the_rate_once(
 @pytest_twisted.ensureDeferred
 async def test_a_learned_site_rate_is_shared_and_paces_the_origin_in_the_script(redis_url):
     settings = Settings({"EXITLIMIT_EXITS": EXITS, **redis_crawl_settings(redis_url)})
-    config = ExitLimitConfig.from_settings(settings)
-    one, two = RedisBackend(config, settings), RedisBackend(config, settings)
-    one.open()
-    two.open()
+    one, two = _two_processes(settings)
     origin = "http://o"
     try:
         # a first request on each exit, both refused: no pair's pace explains that
@@ -220,6 +214,15 @@ async def test_a_learned_site_rate_is_shared_and_paces_the_origin_in_the_script(
     finally:
         await one.close()
         await two.close()
+
+
+def _two_processes(settings: Settings) -> tuple[RedisBackend, RedisBackend]:
+    """Two crawl processes' backends on one Redis, opened."""
+    config = ExitLimitConfig.from_settings(settings)
+    one, two = RedisBackend(config, settings), RedisBackend(config, settings)
+    one.open()
+    two.open()
+    return one, two
 
 
 async def admit(backend: RedisBackend, origin: str, want: int = 1):

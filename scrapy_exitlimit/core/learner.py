@@ -284,7 +284,7 @@ class OriginLearner:
         pace = self.site_confirmations / self.site_gaps
         self.site_confirmations, self.site_gaps = 0, 0.0
         target = site.target()
-        if pace < 0.97 / (1.0 / target + self.margin):
+        if pace < 0.9 * target:
             return []  # demand, not the budget, set the pace: nothing learned
         before = site.lo
         site.confirmed(target, now)
