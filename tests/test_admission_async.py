@@ -36,7 +36,7 @@ class ManualBackend:
 
 
 def lease(n: int) -> Lease:
-    return Lease(n, "http://o", "e", 1000.0, 1.0, True, 1.0, False)
+    return Lease(n, "http://o", "e", 1000.0, 1.0, 1.0, False)
 
 
 async def turn() -> None:

@@ -113,7 +113,7 @@ class Queue:
         i = next(i for i, (o, _) in enumerate(self.parked) if o == only)
         _, result = self.parked.pop(i)
         lease = Lease(id=i, origin=ORIGIN, exit_id=exit_id, admitted_at=0.0, rate=1.0,
-                      paced=False, gap=0.0, was_full=False)
+                      gap=0.0, was_full=False)
         if self.kind == "future":
             result.set_result(lease)
         else:

@@ -490,8 +490,8 @@ class OriginLearner:
         self.suspect_rate = math.inf if rate is None else rate
 
 
-_ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "raised_at", "proven",
-                    "seen", "drift_rate", "climbs", "seen_any", "settled")
+_ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "proven", "seen",
+                    "drift_rate", "climbs", "settled")
 
 
 def estimate_data(est: RateEstimate) -> dict[str, Any]:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: slow start multiplies the rate by this on every confirmation: GROWTH_FIRST until the
-#: first 429 ever (nothing known: the limit may be far off), GROWTH after
-GROWTH_FIRST = 2.0
+#: slow start multiplies the rate by this on every confirmation until the first 429
 GROWTH = 2.0
 #: stop probing once the gap between known-clean and known-rejected is this small
 RESOLUTION = 0.03
@@ -47,15 +45,12 @@ class RateEstimate:
     #: when ``lo``/``hi`` last changed: 429s from requests admitted before this
     #: belong to a congestion event already accounted for
     changed_at: float = -math.inf
-    #: when ``lo`` last went up: a 429 soon after says the raise was wrong
-    raised_at: float = -math.inf
     proven: bool = True
     #: the rate that last drew a 429, before any drift
     seen: float | None = None
     drift_rate: float = CEILING_DRIFT
     #: probes confirmed in a row under a known ceiling: each step up is twice the last
     climbs: int = 0
-    seen_any: bool = False  # any 429 ever
     #: converged since the last change: a 429 now comes from a re-probe
     settled: bool = False
 
@@ -73,8 +68,7 @@ class RateEstimate:
         if self.converged or not self.proven:
             return self.lo
         if self.hi is None:
-            growth = GROWTH if self.seen_any else GROWTH_FIRST
-            return min(self.lo * growth, self.ceiling)
+            return min(self.lo * GROWTH, self.ceiling)
         # bisection; in a narrow gap, climb from what is clean in steps that double
         # while they run clean (a limit often sits right at the clean rate: one 429
         # finds that), never past the middle of the gap
@@ -98,7 +92,7 @@ class RateEstimate:
                 # the limit was raised: slow start again from here
                 self.hi = self.seen = None
                 self.drift_rate, self.climbs = CEILING_DRIFT, 0
-            self.changed_at = self.raised_at = now
+            self.changed_at = now
             self.settled = self.converged
 
     def rejected(self, rate: float, now: float, streak: int = 1) -> None:
@@ -108,7 +102,7 @@ class RateEstimate:
         if self.settled and self.seen is not None and rate >= self.seen * (1 - RESOLUTION):
             # a re-probe found the ceiling where it was: probe less often
             self.drift_rate = max(self.drift_rate / 2, CEILING_DRIFT_MIN)
-        self.seen, self.seen_any = rate, True
+        self.seen = rate
         self.climbs = 0
         self.hi = rate if self.hi is None else min(self.hi, rate)
         if not self.proven:  # the start rate was a guess, and too high

@@ -172,7 +172,6 @@ class Lease:
     exit_id: str
     admitted_at: float
     rate: float  # the pair's pacing rate at admission
-    paced: bool  # admitted right on the pair's schedule (the pair was busy)
     gap: float  # time since the pair's previous admission
     was_full: bool  # this lease filled the exit's limit
     pair: str = ""  # the pair key (exit IP or exit id) that counts it in flight
@@ -237,7 +236,7 @@ class Limiter:
             t = self.tuning
             # the start rate is a guess, not knowledge: the scout proves it first
             pool = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate,
-                                raised_at=self.clock(), proven=False)
+                                proven=False)
             learner = OriginLearner(pool, t.min_rate, t.max_rate,
                                     learning_of=partial(self._learning_of, origin),
                                     margin=t.margin, site_ceiling=ol.rate)
@@ -516,15 +515,13 @@ class Limiter:
         rate = pair.bucket.rate
         if ostate.learner.granted(exit_id, pair.learning, now):  # the new scout
             self._sync_rate(ostate, exit_id, pair)
-        # "paced": sent as soon as the pair's schedule allowed, i.e. demand was there
-        paced = gap <= pair.bucket.interval * 1.25 + 0.002
         pair.last_admit = now
         site_gap, ostate.last_admit = now - ostate.last_admit, now
         pair.in_flight += 1
         estate.in_flight += 1
         if lease_id is None:
             lease_id = self.reserve_lease_ids(1)
-        lease = Lease(lease_id, ostate.key, exit_id, now, rate, paced, gap,
+        lease = Lease(lease_id, ostate.key, exit_id, now, rate, gap,
                       estate.in_flight >= estate.limit, self.pair_key(exit_id), site_gap)
         self.leases[lease.id] = lease
         return lease
