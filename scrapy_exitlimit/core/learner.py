@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +97,6 @@ class OriginLearner:
     max_rate: float
     #: an exit's pair learning, when the pair exists
     learning_of: Callable[[str], PairLearning | None]
-    #: seconds the origin budget adds to every interval (EXITLIMIT_SAFETY_MARGIN)
-    margin: float = 0.0
     #: the site's rate once 429s point at the origin as a whole (or a configured one)
     site: RateEstimate | None = None
     #: a configured EXITLIMIT_ORIGIN_RATE: the site rate never goes above it
@@ -186,7 +184,7 @@ class OriginLearner:
         """Exits admitted for the origin over the last two seconds."""
         return len({exit_id for _, exit_id in self.admissions})
 
-    def tick(self, now: float, pairs: Mapping[str, PairLearning]) -> None:
+    def tick(self, now: float, pairs: Iterable[PairLearning]) -> None:
         """Time-driven parts: ceilings drift, a stuck scout hands its probe on."""
         elapsed = now - self.last_tick
         if elapsed < 1.0:
@@ -196,7 +194,7 @@ class OriginLearner:
             self.pool.drift(elapsed)
             if self.site is not None:
                 self.site.drift(elapsed)
-            for pl in pairs.values():
+            for pl in pairs:
                 if pl.own is not None:
                     pl.own.drift(elapsed)
         if self.scout is not None:
@@ -294,8 +292,8 @@ class OriginLearner:
         return [Event("site_rate_up", origin, None, f"{before:.3g} -> {site.lo:.3g} r/s")]
 
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
-                     gap: float, site_gap: float, admitted_at: float, now: float,
-                     slack: float, configured: bool,
+                     gap: float, admitted_at: float, now: float,
+                     slack: float,
                      pick_scout: Callable[[Sequence[str]], str | None]) -> list[Event]:
         """A 429 to a request admitted at pair pace ``rate``, ``gap`` after the pair's
         previous one: decide which scope it points at, and learn there.
@@ -327,7 +325,7 @@ class OriginLearner:
             return self._lower(origin, exit_id, own, rate, pl.rate_streak, admitted_at, now,
                                1.0 / fastest)
         if not closer and self.active_exits(now) > 1:  # (one exit alone: it is the pair)
-            return self._site_evidence(origin, exit_id, site_gap, admitted_at, now, wider)
+            return self._site_evidence(origin, exit_id, admitted_at, now, wider)
         if pl.own is not None:
             return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now,
                                1.0 / fastest)
@@ -390,27 +388,25 @@ class OriginLearner:
                       f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                       f"ceiling {est.hi:.3g}")]
 
-    def _site_evidence(self, origin: str, exit_id: str, site_gap: float, admitted_at: float,
-                       now: float, sure: bool) -> list[Event]:
+    def _site_evidence(self, origin: str, exit_id: str, admitted_at: float, now: float,
+                       sure: bool) -> list[Event]:
         """A 429 the pair's own spacing does not explain: the site, once two exits agree
         (``sure``: it came later after the pair's last clean request than a clean one
         did), or AMBIGUOUS_EXITS (it came as late as clean ones: arrival jitter at the
         pair's own limit does that too, now and then)."""
-        blame = self.site_blame
-        blame.append((now, exit_id, sure))
-        while now - blame[0][0] > max(SITE_WINDOW, 2.0 / self.pool.lo):
-            blame.popleft()
+        blame = self._recent(self.site_blame, (now, exit_id, sure))
         spread = len({e for _, e, _ in blame})
         surely = len({e for _, e, is_sure in blame if is_sure})
         active = self.active_exits(now)
         if surely < min(2, active) and spread < min(AMBIGUOUS_EXITS, active):
             return []
-        return self._site_limited(origin, spread, site_gap, admitted_at, now)
+        return self._site_limited(origin, spread, admitted_at, now)
 
-    def _site_limited(self, origin: str, spread: int, site_gap: float, admitted_at: float,
-                      now: float) -> list[Event]:
+    def _site_limited(self, origin: str, spread: int, admitted_at: float, now: float
+                      ) -> list[Event]:
         """The origin is limited as a whole: the site rate starts (or goes) where the
-        site actually took requests, once per congestion event."""
+        site actually took requests, once per congestion event (its probe's
+        confirmations were reset by the 429 that brought us here)."""
         site = self.site
         offered = self.admitted_rate(now)
         accepted = self.accepted_rate(now)
@@ -422,13 +418,11 @@ class OriginLearner:
             site = self.site = RateEstimate(min(start, top), floor=self.min_rate, ceiling=top)
             site.hi = site.seen = max(offered, site.lo)
             site.changed_at = now
-            self.site_confirmations, self.site_gaps = 0, 0.0
             return [Event("site_limited", origin, None,
                           f"429s on {spread} exits: the site takes {site.lo:.3g} r/s "
                           f"of {offered:.3g}")]
         if admitted_at < site.changed_at:
             return []
-        self.site_confirmations, self.site_gaps = 0, 0.0
         before, since = site.lo, site.changed_at
         # the budget's pace drew it (a strict site counts the spacing of arrivals);
         # decreases that follow each other within a second come harder
@@ -448,15 +442,22 @@ class OriginLearner:
         """Exits 429 at the pool's pace, each its own limit's doing: many of them (a
         third of those in use, at least two) within a window say the pool's rate is
         wrong; fewer are exits slower than the pool."""
-        blame = self.pool_blame
-        blame.append((now, exit_id))
-        while now - blame[0][0] > max(SITE_WINDOW, 2.0 / self.pool.lo):
-            blame.popleft()
+        blame = self._recent(self.pool_blame, (now, exit_id))
         spread = len({e for _, e in blame})
         if spread < max(2, math.ceil(POOL_SHARE * self.active_exits(now))):
             return False
         blame.clear()
         return True
+
+    def _recent(self, blame: deque, entry: tuple) -> deque:
+        """``blame`` with ``entry`` (time first) added and what is older than the window
+        taken out: SITE_WINDOW, or two of the pool's intervals when that is longer."""
+        blame.append(entry)
+        now = entry[0]
+        window = max(SITE_WINDOW, 2.0 / self.pool.lo)
+        while now - blame[0][0] > window:
+            blame.popleft()
+        return blame
 
     # -- sharing -------------------------------------------------------------------
     def mark(self) -> tuple:

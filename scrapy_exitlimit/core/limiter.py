@@ -239,7 +239,7 @@ class Limiter:
                                 proven=False)
             learner = OriginLearner(pool, t.min_rate, t.max_rate,
                                     learning_of=partial(self._learning_of, origin),
-                                    margin=t.margin, site_ceiling=ol.rate)
+                                    site_ceiling=ol.rate)
             state = self.origins[origin] = OriginState(origin, budget, learner,
                                                        last_used=self.clock())
         return state
@@ -527,8 +527,8 @@ class Limiter:
         return lease
 
     def _tick_estimate(self, ostate: OriginState, now: float) -> None:
-        ostate.learner.tick(now, {k: p.learning for k, p in ostate.pairs.items()}
-                            if now - ostate.learner.last_tick >= 1.0 else {})
+        # a generator: the pairs are walked only on the ticks that drift their ceilings
+        ostate.learner.tick(now, (p.learning for p in ostate.pairs.values()))
 
     def usable(self, origin: str, exit_id: str, now: float | None = None) -> bool:
         """Whether this exit could serve this origin now: not dead, pair not banned/broken."""
@@ -696,9 +696,7 @@ class Limiter:
                                 f"429 at {lease.rate:.3g} r/s, stated {stated:.3g}"))
         events += ostate.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
-            site_gap=lease.site_gap, admitted_at=lease.admitted_at, now=now,
-            slack=pair.bucket.margin + pair.spread,
-            configured=self.limits.pair(origin, exit_id).rate is not None,
+            admitted_at=lease.admitted_at, now=now, slack=pair.bucket.margin + pair.spread,
             pick_scout=partial(self._pick_scout, ostate, now))
         return events
 
