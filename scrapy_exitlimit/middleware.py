@@ -20,7 +20,7 @@ from twisted.internet.error import TimeoutError as TwistedTimeoutError
 from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Repin, Waiter, call_later
 from .backends import load_backend
 from .config import ExitLimitConfig
-from .core import Event, Lease, bounded_cooldown, parse_retry_after
+from .core import Event, EventKind, Lease, bounded_cooldown, parse_retry_after
 from .core.ratelimit_headers import QuotaWindows, parse_ratelimit
 from .failclosed import EXPECTED_PROXY_KEY
 from .policy import ResponsePolicy, Signal
@@ -421,7 +421,7 @@ class ExitLimitMiddleware:
         for sink in self.sinks:
             sink.events(events)
         for ev in events:
-            if ev.kind != "cooldown":
+            if ev.kind is not EventKind.COOLDOWN:
                 self.stats.inc_value(f"exitlimit/{ev.kind}")
             if logger.isEnabledFor(level):
                 logger.log(level, "exitlimit: %s %s%s: %s", ev.kind, ev.origin,

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from .bucket import TokenBucket
-from .events import Event
+from .events import Event, EventKind
 from .exits import Exit
 from .health import ConcurrencyLimit, ExitHealth
 from .learner import OriginLearner, PairLearning, estimate_data, load_estimate
@@ -634,7 +634,8 @@ class Limiter:
         pair.last_success = now
         if pair.half_open or pair.breaker_opened or pair.bans:
             if pair.half_open:
-                events.append(Event("recovered", lease.origin, lease.exit_id, "probe succeeded"))
+                events.append(Event(EventKind.RECOVERED, lease.origin, lease.exit_id,
+                                    "probe succeeded"))
             pair.half_open = False
             pair.breaker_opened = 0
             pair.bans = 0
@@ -642,7 +643,7 @@ class Limiter:
         if latency is not None:
             moved = estate.concurrency.success(latency, lease.was_full)
             if moved:
-                events.append(Event(f"concurrency_{moved}", lease.origin, lease.exit_id,
+                events.append(Event(EventKind(f"concurrency_{moved}"), lease.origin, lease.exit_id,
                                     f"limit {estate.concurrency.limit} (latency {latency:.3f}s, "
                                     f"baseline {estate.concurrency.baseline:.3f}s)"))
         events += ostate.learner.succeeded(
@@ -677,11 +678,12 @@ class Limiter:
             pair.half_open = True
             hold = t.breaker_cooldown * 2 ** (pair.breaker_opened - 1)
             until = max(until, now + min(hold, 3600.0))
-            events.append(Event("breaker_open", origin, exit_id,
+            events.append(Event(EventKind.BREAKER_OPEN, origin, exit_id,
                                 f"{pair.streak_429} 429s in a row: open for {until - now:.1f}s"))
         pair.cooldown_until = max(pair.cooldown_until, until)
         pair.bucket.hold_until(pair.cooldown_until)
-        events.append(Event("cooldown", origin, exit_id, f"{pair.cooldown_until - now:.2f}s"))
+        events.append(Event(EventKind.COOLDOWN, origin, exit_id,
+                            f"{pair.cooldown_until - now:.2f}s"))
         if lease is None:
             return events
         stated = pair.learning.announced
@@ -692,7 +694,7 @@ class Limiter:
             configured = self.limits.pair(origin, exit_id).rate
             pair.own = (self._fixed_estimate(configured) if configured is not None else
                         RateEstimate(stated, floor=t.min_rate, ceiling=t.max_rate))
-            events.append(Event("announcement_wrong", origin, exit_id,
+            events.append(Event(EventKind.ANNOUNCEMENT_WRONG, origin, exit_id,
                                 f"429 at {lease.rate:.3g} r/s, stated {stated:.3g}"))
         events += ostate.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
@@ -736,14 +738,14 @@ class Limiter:
             if rate != learning.announced and rate != learning.distrusted:
                 learning.announced, learning.distrusted = rate, None
                 pair.own = self._fixed_estimate(rate)
-                events.append(Event("rate_announced", lease.origin, lease.exit_id,
+                events.append(Event(EventKind.RATE_ANNOUNCED, lease.origin, lease.exit_id,
                                     f"server states {rate:.3g} r/s"))
         elif remaining is not None and reset is not None and remaining < 1 and reset > 0:
             until = now + reset
             if until > pair.cooldown_until:
                 pair.cooldown_until = until
                 pair.bucket.hold_until(until)
-                events.append(Event("quota_exhausted", lease.origin, lease.exit_id,
+                events.append(Event(EventKind.QUOTA_EXHAUSTED, lease.origin, lease.exit_id,
                                     f"holding {reset:.2f}s until the quota resets"))
         return events
 
@@ -755,7 +757,7 @@ class Limiter:
         hold = self.tuning.ban_cooldown * 2 ** (pair.bans - 1)
         pair.banned_until = max(pair.banned_until, now + min(hold, 86400.0))
         pair.half_open = True  # after the ban, one probe first
-        return [Event("pair_banned", lease.origin, lease.exit_id,
+        return [Event(EventKind.PAIR_BANNED, lease.origin, lease.exit_id,
                       f"banned for {pair.banned_until - now:.0f}s")]
 
     def overloaded(self, lease: Lease, retry_after: float | None) -> list[Event]:
@@ -780,7 +782,7 @@ class Limiter:
         hold = retry_after if retry_after is not None else 1.0
         ostate.overloaded_until = now + max(hold, 1.0) * 2
         budget.hold_until(now + max(hold, 0.0))
-        return [Event("origin_slowed", lease.origin, None,
+        return [Event(EventKind.ORIGIN_SLOWED, lease.origin, None,
                       f"origin budget {budget.rate:.3g} r/s, paused {hold:.1f}s")]
 
     def _recover_budget(self, ostate: OriginState) -> None:
@@ -810,14 +812,14 @@ class Limiter:
         origin = lease.origin if lease is not None else origin
         events: list[Event] = []
         if estate.concurrency.fault():
-            events.append(Event("concurrency_decrease", origin or "", exit_id,
+            events.append(Event(EventKind.CONCURRENCY_DECREASE, origin or "", exit_id,
                                 f"limit {estate.concurrency.limit} after a fault"))
         if timeout and origin is not None and self._origin_stalls(origin, exit_id, now):
-            events.append(Event("origin_timeout", origin, exit_id,
+            events.append(Event(EventKind.ORIGIN_TIMEOUT, origin, exit_id,
                                 "the origin is slow for several exits: not the exit's fault"))
             return events
         if estate.health.fault(now):
-            events.append(Event("evicted", origin or "", exit_id,
+            events.append(Event(EventKind.EVICTED, origin or "", exit_id,
                                 f"{estate.health.faults} faults: out for "
                                 f"{estate.health.dead_until - now:.0f}s"))
         return events
@@ -842,7 +844,7 @@ class Limiter:
         if old == ip:
             return []
         self.exit_ips[exit_id] = ip
-        return [Event("exit_ip_changed", "", exit_id, f"{old or 'unknown'} -> {ip}")]
+        return [Event(EventKind.EXIT_IP_CHANGED, "", exit_id, f"{old or 'unknown'} -> {ip}")]
 
     # -- learned state, for sharing between processes ------------------------
     def learning_mark(self, origin: str) -> tuple:
