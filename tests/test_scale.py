@@ -103,7 +103,7 @@ async def test_a_crawl_through_a_large_pool_of_gateway_sessions():
     finally:
         await lab.stop()
     assert len(crawler.spider.ok) == 60
-    limiter = crawler.exitlimit.limiter
+    limiter = crawler.exitlimit.backend.limiter
     (ostate,) = limiter.origins.values()
     assert len(limiter.exits) == 300 and ostate.indexed  # the indexed search ran
     assert len({ex for ex in crawler.spider.ok}) == 60

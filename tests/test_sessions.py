@@ -324,8 +324,8 @@ async def test_pair_state_follows_the_exit_ip_the_provider_reports():
     assert crawler.spider.ok == 20
     mw = crawler.exitlimit
     (exit_id,) = mw.exits
-    assert mw.limiter.exit_ips[exit_id] == "127.0.0.50"
-    assert set(mw.limiter.origin_state(origin).pairs) >= {"127.0.0.10", "127.0.0.50"}
+    assert mw.backend.limiter.exit_ips[exit_id] == "127.0.0.50"
+    assert set(mw.backend.limiter.origin_state(origin).pairs) >= {"127.0.0.10", "127.0.0.50"}
     assert crawler.stats.get_value("exitlimit/exit_ip_changed") == 2  # unknown->old, old->new
     assert set(lab.origin.ips()) == {"127.0.0.10", "127.0.0.50"}
     assert lab.origin.total(429) == 0

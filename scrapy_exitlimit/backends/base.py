@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core import Event, Lease, Limiter
+from ..core.views import ExitLoad
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -36,6 +38,11 @@ class Backend:
     an asyncio future.
     The feedback methods apply the control laws locally and return their
     events; a shared backend also publishes their effect.
+
+    The limiter is the backend's own: the glue (middleware, progress line,
+    telemetry) asks the backend, through the methods below, for what it needs
+    (a lease, whether an exit can serve, how loaded an exit is), so a backend
+    is free to keep its state another way.
     """
 
     #: ``admit`` returns an :class:`Admission`, not a Deferred
@@ -102,6 +109,46 @@ class Backend:
     def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
                     timeout: bool = False) -> list[Event]:
         return self.limiter.proxy_fault(lease, exit_id, origin, timeout)
+
+    def exit_ip_seen(self, exit_id: str, ip: str) -> list[Event]:
+        """The provider says this exit's requests leave from ``ip`` (pair state follows)."""
+        return self.limiter.exit_ip_seen(exit_id, ip)
+
+    # -- what the glue may ask -------------------------------------------------
+    def lease(self, lease_id: int) -> Lease | None:
+        """The lease still held under this id, if any."""
+        return self.limiter.leases.get(lease_id)
+
+    def stale_leases(self, older_than: float, now: float) -> list[Lease]:
+        """Leases held longer than ``older_than`` seconds (their requests went astray)."""
+        return self.limiter.stale_leases(older_than, now)
+
+    def forget_idle(self, now: float) -> int:
+        """Drop idle pair and origin state; returns how many pairs were dropped."""
+        return self.limiter.forget_idle(now)
+
+    def usable(self, origin: str, exit_id: str, now: float | None = None) -> bool:
+        """Whether this exit could serve this origin now (not dead, banned or broken)."""
+        return self.limiter.usable(origin, exit_id, now)
+
+    def any_usable(self, origin: str, now: float) -> bool:
+        return self.limiter.any_usable(origin, now)
+
+    def pool_alive(self, now: float) -> bool:
+        """Whether any exit is not evicted."""
+        return self.limiter.pool_alive(now)
+
+    def exit_states(self, now: float, origins: Iterable[str] = ()) -> dict[str, int]:
+        """Exits by state: ``ready``, ``cooling``, ``banned``, ``dead`` (see Limiter)."""
+        return self.limiter.exit_states(now, origins)
+
+    def exit_load(self, exit_id: str) -> ExitLoad:
+        """An exit's in-flight limit now, its leases, and the ceiling of its limit."""
+        return self.limiter.exit_load(exit_id)
+
+    def paced_rate(self, origin: str, exit_id: str) -> float:
+        """The rate the pair is paced at now (requests/s)."""
+        return self.limiter.paced_rate(origin, exit_id)
 
     def stats(self) -> dict[str, Any]:
         return {}

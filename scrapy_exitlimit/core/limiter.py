@@ -19,6 +19,7 @@ from .health import ConcurrencyLimit, ExitHealth
 from .learner import OriginLearner, PairLearning, estimate_data, load_estimate
 from .learning import RateEstimate
 from .limits import Limits
+from .views import ExitLoad
 
 Clock = Callable[[], float]
 #: ``Limiter.try_admit`` returns this wait when only a lease release can help.
@@ -565,6 +566,14 @@ class Limiter:
                         state = "cooling"
             counts[state] += 1
         return counts
+
+    def exit_load(self, exit_id: str) -> ExitLoad:
+        estate = self.exits[exit_id]
+        return ExitLoad(estate.limit, estate.in_flight, estate.concurrency.ceiling)
+
+    def paced_rate(self, origin: str, exit_id: str) -> float:
+        """The rate the pair is paced at now (as last synced; a new pair's is made)."""
+        return self.pair_state(origin, exit_id).bucket.rate
 
     def pool_alive(self, now: float | None = None) -> bool:
         now = self.clock() if now is None else now
