@@ -56,7 +56,7 @@ async def test_an_overloaded_origin_is_slowed_as_a_whole():
     assert len(crawler.spider.ok) == 30 and not crawler.spider.failed
     assert stats["exitlimit/overload"] == lab.origin.total(503) >= 1
     assert stats["exitlimit/origin_slowed"] >= 1
-    budget = middleware(crawler).backend.limiter.origin_state(crawler.origin).budget
+    budget = middleware(crawler).backend.limiter.origin_state(crawler.origin).budget.bucket
     assert budget is not None and budget.rate < 60
     assert lab.origin.total(503) <= 10
 

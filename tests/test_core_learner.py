@@ -62,7 +62,7 @@ def test_429s_at_paces_the_pairs_took_before_point_at_the_site_not_the_pairs():
     assert counts[200] >= 0.8 * 8.0 * 40
     # the pairs were not pushed to the floor for the site's limit (the old failure)
     assert learner.pool.lo >= 2.0
-    assert not any(p.own is not None for p in lim.origin_state(SITE).pairs.values())
+    assert not any(p.own_limit is not None for p in lim.origin_state(SITE).pairs.values())
     # four exits, one after another, and the site's rate re-probed now and then
     assert counts.get(429, 0) / sum(counts.values()) < 0.10
 
@@ -76,10 +76,10 @@ def test_a_slow_exit_learns_its_own_rate_and_does_not_drag_the_pool():
     ostate = lim.origin_state(SITE)
     assert ostate.learner.site is None
     slow_pair = lim.pair_state(SITE, f"{slow}:3128")
-    assert slow_pair.own is not None and slow_pair.own.lo <= 1.05
+    assert slow_pair.own_limit is not None and slow_pair.own_limit.lo <= 1.05
     assert 4.5 <= ostate.estimate.lo <= 5.3
     others = [lim.pair_state(SITE, f"127.0.0.{10 + i}:3128") for i in range(3)]
-    assert all(p.own is None for p in others)
+    assert all(p.own_limit is None for p in others)
 
 
 def test_the_pool_rate_and_the_site_rate_are_learned_together():
@@ -99,7 +99,7 @@ def test_a_configured_origin_rate_stays_a_ceiling_of_the_learned_site_rate():
                   tuning=Tuning(margin=0.005), rng=random.Random(7))
     drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(10.0)), 20.0)
     ostate = lim.origin_state(SITE)
-    assert ostate.budget is not None and ostate.budget.rate <= 6.0
+    assert ostate.budget.bucket is not None and ostate.budget.bucket.rate <= 6.0
 
 
 def test_after_a_503_the_budget_is_half_the_rate_admitted_just_before_it():
@@ -121,7 +121,7 @@ def test_after_a_503_the_budget_is_half_the_rate_admitted_just_before_it():
                 clock.now = got
         assert lease is not None
         lim.overloaded(lease, retry_after=3.0)
-        budget = lim.origin_state(SITE).budget
+        budget = lim.origin_state(SITE).budget.bucket
         assert budget.rate == pytest.approx(10.0, rel=0.15), start
         assert budget.ready_at(clock.now) == pytest.approx(clock.now + 3.0, abs=0.01)
 
@@ -137,9 +137,9 @@ def test_a_steady_trickle_of_503s_decreases_once_per_congestion_event():
     clock.advance(0.06)
     leases.append(lim.try_admit(SITE))
     lim.overloaded(leases[0], retry_after=None)
-    after_first = lim.origin_state(SITE).budget.rate
-    assert lim.overloaded(leases[1], retry_after=None) == []  # sent before: the same event
-    assert lim.origin_state(SITE).budget.rate == after_first
+    after_first = lim.origin_state(SITE).budget.bucket.rate
+    assert lim.overloaded(leases[1], retry_after=None).events == []  # sent before: the same event
+    assert lim.origin_state(SITE).budget.bucket.rate == after_first
 
 
 def test_arrival_spread_widens_pacing_only_near_a_known_limit():
@@ -175,7 +175,7 @@ def test_a_rate_limit_header_that_overstates_the_limit_gives_way_to_the_answers(
     counts = drive(lim, clock, OriginModel(per_ip=lambda: Gcra(3.0)), 60.0, states=10.0)
     pairs = lim.origin_state(SITE).pairs.values()
     assert all(p.learning.distrusted == 10.0 and p.learning.announced is None for p in pairs)
-    assert all(p.own is not None and 2.4 <= p.own.lo <= 3.1 for p in pairs)
+    assert all(p.own_limit is not None and 2.4 <= p.own_limit.lo <= 3.1 for p in pairs)
     assert counts.get(429, 0) / sum(counts.values()) < 0.05
     assert counts[200] >= 0.8 * 4 * 3.0 * 60
 
@@ -191,6 +191,6 @@ def test_an_honest_header_paces_from_the_first_answer_and_a_new_one_is_trusted_a
     while not isinstance(lease, Lease):
         clock.now = lease
         lease = lim.try_admit(SITE)
-    assert lim.announced(lease, 3.0, None, None) == [] or lease.exit_id != pair
-    events = lim.announced(lease, 2.0, None, None)  # the server says something new
+    assert lim.announced(lease, 3.0, None, None).events == [] or lease.exit_id != pair
+    events = lim.announced(lease, 2.0, None, None).events  # the server says something new
     assert [e.kind for e in events] == ["rate_announced"]

@@ -32,11 +32,11 @@ def test_only_admits_on_the_named_exit_or_answers_when():
     clock = FakeClock()
     lim, exits = limiter(clock=clock)
     a = exits[0].id
-    first = lim.try_admit(ORIGIN, only=a)
+    first = lim.try_admit(ORIGIN, pinned=a)
     assert isinstance(first, Lease) and first.exit_id == a
     lim.release(first.id)  # answered: a's next token is one interval on
     # a's token is spent; b is free, but a pinned request waits for a
-    assert lim.try_admit(ORIGIN, only=a) == clock.now + 0.1 + lim.tuning.margin
+    assert lim.try_admit(ORIGIN, pinned=a) == clock.now + 0.1 + lim.tuning.margin
     assert isinstance(lim.try_admit(ORIGIN), Lease)
 
 
@@ -49,7 +49,7 @@ def test_a_new_exit_ip_gets_pair_state_of_its_own():
     lim.rate_limited(ORIGIN, a, 30.0, lease)  # the old address is cooling down for 30 s
     lim.release(lease.id)
     assert not isinstance(lim.try_admit(ORIGIN), Lease)
-    events = lim.exit_ip_seen(a, "10.0.0.2")  # the provider swapped the IP behind it
+    events = lim.exit_ip_seen(a, "10.0.0.2").events  # the provider swapped the IP behind it
     assert [e.kind for e in events] == ["exit_ip_changed"]
     assert isinstance(lim.try_admit(ORIGIN), Lease)  # not guarded by the old IP's cooldown
     # ... nor ungoverned: paced at the pair rate from its first request

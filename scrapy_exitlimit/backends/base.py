@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core import Event, Lease, Limiter
+from ..core.changes import Feedback
 from ..core.views import ExitLoad
 
 if TYPE_CHECKING:
@@ -87,32 +88,40 @@ class Backend:
         return "memory"
 
     # -- feedback: the control laws, then whatever the backend shares ------------
+    def _replicate(self, origin: str, feedback: Feedback) -> list[Event]:
+        """What a piece of feedback changed (``origin``: where, "" for none): a backend
+        sharing state copies its typed changes; every backend returns its events."""
+        return feedback.events
+
     def release(self, lease_id: int, answered: bool = True) -> Lease | None:
         return self.limiter.release(lease_id, answered)
 
     def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
-        return self.limiter.success(lease, latency)
+        return self._replicate(lease.origin, self.limiter.success(lease, latency))
 
     def rate_limited(self, lease: Lease, retry_after: float) -> list[Event]:
-        return self.limiter.rate_limited(lease.origin, lease.exit_id, retry_after, lease)
+        return self._replicate(lease.origin, self.limiter.rate_limited(
+            lease.origin, lease.exit_id, retry_after, lease))
 
     def announced(self, lease: Lease, rate: float | None, remaining: float | None,
                   reset: float | None) -> list[Event]:
-        return self.limiter.announced(lease, rate, remaining, reset)
+        return self._replicate(lease.origin,
+                               self.limiter.announced(lease, rate, remaining, reset))
 
     def banned(self, lease: Lease) -> list[Event]:
-        return self.limiter.banned(lease)
+        return self._replicate(lease.origin, self.limiter.banned(lease))
 
     def overloaded(self, lease: Lease, retry_after: float | None) -> list[Event]:
-        return self.limiter.overloaded(lease, retry_after)
+        return self._replicate(lease.origin, self.limiter.overloaded(lease, retry_after))
 
     def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
                     timeout: bool = False) -> list[Event]:
-        return self.limiter.proxy_fault(lease, exit_id, origin, timeout)
+        return self._replicate(lease.origin if lease else origin or "",
+                               self.limiter.proxy_fault(lease, exit_id, origin, timeout))
 
     def exit_ip_seen(self, exit_id: str, ip: str) -> list[Event]:
         """The provider says this exit's requests leave from ``ip`` (pair state follows)."""
-        return self.limiter.exit_ip_seen(exit_id, ip)
+        return self._replicate("", self.limiter.exit_ip_seen(exit_id, ip))
 
     # -- what the glue may ask -------------------------------------------------
     def lease(self, lease_id: int) -> Lease | None:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred
 
 from ..core import Candidate, Event, Lease
+from ..core.changes import ExitEvicted, Feedback, Hold, OriginHeld, PairHeld
 from ..core.limiter import INDEX_ABOVE
 from ..core.partition import share
 from .base import Admission, Backend
@@ -107,10 +108,8 @@ RELEASE_DELAY = 0.025
 #: that may change what was learned is looked at, and published, at once
 LEARN_CHECK = 0.05
 LEARN_CHECK_PAIRS = 200
-#: event kinds that never change what was learned (they need no look at once)
-NOT_LEARNED = frozenset({"concurrency_increase", "concurrency_decrease", "cooldown",
-                         "pair_banned", "evicted", "recovered", "breaker_open",
-                         "quota_exhausted", "origin_timeout", "exit_ip_changed"})
+#: the script's pair field for each kind of hold
+HOLD_FIELDS = {Hold.COOLDOWN: "cool", Hold.BAN: "ban"}
 ON_ERROR = ("local", "pause")
 #: scrapy-redis settings -> redis-py arguments
 _SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
@@ -682,7 +681,7 @@ class RedisBackend(Backend):
         reserved token's time; lease) each, when to ask again, whether a lease limit
         stood in the way). ``reserve``: tokens due soon may be reserved."""
         limiter = self.limiter
-        budget = limiter.origin_state(origin).budget
+        budget = limiter.origin_state(origin).budget.bucket
         # the releases waiting to go out ride along, applied first
         rkeys, rargs = self._take_releases()
         keys = [*self._origin_keys(origin), *rkeys]
@@ -814,62 +813,32 @@ class RedisBackend(Backend):
                     RELEASE_DELAY, self._flush_releases)
         return lease
 
-    def _hold(self, origin: str, exit_id: str, field: str, until: float) -> None:
-        seconds = until - self.clock()
-        if seconds <= 0 or not self.shared:
-            return
-        bucket = self.limiter.pair_state(origin, exit_id).bucket
-        self._spawn(self._shared_op([self._key("pair", origin, self.limiter.pair_key(exit_id))],
-                                    ["hold", field, repr(seconds), repr(bucket.tolerance)]))
-
-    def _after(self, origin: str, events: list[Event]) -> list[Event]:
-        """Publish the effect of feedback: holds, evictions, learned rates."""
+    def _replicate(self, origin: str, feedback: Feedback) -> list[Event]:
+        """Copy what feedback changed into shared state (holds, bans, evictions); publish
+        what the origin learned (at once when it changed, else at the next look)."""
         if not self.shared:
-            return events
-        for ev in events:
-            if ev.exit_id is None:
-                continue
-            if ev.kind in ("cooldown", "quota_exhausted"):
-                pair = self.limiter.pair_state(ev.origin, ev.exit_id)
-                self._hold(ev.origin, ev.exit_id, "cool", pair.cooldown_until)
-            elif ev.kind == "pair_banned":
-                pair = self.limiter.pair_state(ev.origin, ev.exit_id)
-                self._hold(ev.origin, ev.exit_id, "ban", pair.banned_until)
-            elif ev.kind == "evicted":
-                health = self.limiter.exits[ev.exit_id].health
-                seconds = health.dead_until - self.clock()
-                self._spawn(self._shared_op([self._key("exit", ev.exit_id)],
+            return feedback.events
+        for change in feedback.changes:
+            if isinstance(change, PairHeld):
+                self._hold(self._key("pair", change.origin, change.pair), HOLD_FIELDS[change.hold],
+                           change.until, change.tolerance)
+            elif isinstance(change, OriginHeld):
+                self._hold(self._key("origin", change.origin), "hold", change.until,
+                           change.tolerance)
+            elif isinstance(change, ExitEvicted):
+                seconds = change.until - self.clock()
+                self._spawn(self._shared_op([self._key("exit", change.exit_id)],
                                             ["dead", repr(max(seconds, 0.0))]))
         if origin:
-            self._sync_learning(origin, urgent=any(ev.kind not in NOT_LEARNED for ev in events))
-        return events
+            self._sync_learning(origin, urgent=feedback.learned())
+        return feedback.events
 
-    def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
-        return self._after(lease.origin, super().success(lease, latency))
-
-    def rate_limited(self, lease: Lease, retry_after: float) -> list[Event]:
-        return self._after(lease.origin, super().rate_limited(lease, retry_after))
-
-    def announced(self, lease: Lease, rate: float | None, remaining: float | None,
-                  reset: float | None) -> list[Event]:
-        return self._after(lease.origin, super().announced(lease, rate, remaining, reset))
-
-    def banned(self, lease: Lease) -> list[Event]:
-        return self._after(lease.origin, super().banned(lease))
-
-    def overloaded(self, lease: Lease, retry_after: float | None) -> list[Event]:
-        events = super().overloaded(lease, retry_after)
-        if events and self.shared and retry_after:
-            budget = self.limiter.origin_state(lease.origin).budget
-            self._spawn(self._shared_op([self._key("origin", lease.origin)],
-                                        ["hold", "hold", repr(retry_after),
-                                         repr(budget.tolerance if budget else 0.0)]))
-        return self._after(lease.origin, events)
-
-    def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
-                    timeout: bool = False) -> list[Event]:
-        events = super().proxy_fault(lease, exit_id, origin, timeout)
-        return self._after(lease.origin if lease else origin or "", events)
+    def _hold(self, key: str, field: str, until: float, tolerance: float) -> None:
+        """No request on a pair (or origin) before ``until``, then one (not a burst)."""
+        seconds = until - self.clock()
+        if seconds <= 0:
+            return
+        self._spawn(self._shared_op([key], ["hold", field, repr(seconds), repr(tolerance)]))
 
     def stats(self) -> dict[str, Any]:
         return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,
