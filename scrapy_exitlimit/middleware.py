@@ -204,9 +204,10 @@ class ExitLimitMiddleware:
 
     def _check_pins(self, now: float) -> None:
         """Requests parked on a pinned exit that can no longer serve them: admit anywhere."""
-        for origin, only in [k for k in self.queue.queues if k[1] is not None]:
-            if not self.backend.usable(origin, only, now):
-                self.queue.fail(origin, Repin(), only)  # StickySessions counts the re-pins
+        for origin, pinned in [k for k in self.queue.queues if k[1] is not None]:
+            if not self.backend.usable(origin, pinned, now):
+                # StickySessions counts the re-pins
+                self.queue.fail(origin, Repin(), pinned_to=pinned)
 
     def _check_pool(self, now: float) -> bool:
         """The whole pool dead for EXITLIMIT_STALL_TIMEOUT: close the spider, loudly."""
@@ -281,31 +282,32 @@ class ExitLimitMiddleware:
         session = request.meta.get("exitlimit_session")
         try:
             if session is None:
-                got = await self._acquire(origin, None)
+                lease = await self._acquire(origin, None)
             else:
-                got = await self.sessions.admit(origin, str(session))
+                lease = await self.sessions.admit(origin, str(session))
         except HandedBack:
             self.stats.inc_value("exitlimit/requeued_on_close")
             return self._fresh_copy(request)
-        exit_ = self.exits[got.exit_id]
+        exit_ = self.exits[lease.exit_id]
         meta = request.meta
-        meta[LEASE_KEY] = got.id
+        meta[LEASE_KEY] = lease.id
         meta["exitlimit_exit"] = exit_.id
-        meta["exitlimit_wait"] = got.admitted_at - parked_at
+        meta["exitlimit_wait"] = lease.admitted_at - parked_at
         meta["proxy"] = exit_.url
         meta[EXPECTED_PROXY_KEY] = (exit_.address, exit_.has_credentials)  # handlers.py checks
         meta["download_slot"] = self._slot_for(exit_.id)
         meta["autothrottle_dont_adjust_delay"] = True
         return None
 
-    async def _acquire(self, origin: str, only: str | None) -> Lease:
-        """A lease for ``origin`` (on exit ``only`` when given), parking until there is one."""
-        got = self.queue.acquire(origin, only)
-        if isinstance(got, Lease):
-            return got
+    async def _acquire(self, origin: str, pinned: str | None) -> Lease:
+        """A lease for ``origin`` (on exit ``pinned`` only, when given), parking until
+        there is one."""
+        lease_or_wait = self.queue.acquire(origin, pinned)
+        if isinstance(lease_or_wait, Lease):
+            return lease_or_wait
         self.stats.inc_value("exitlimit/parked")
         self.stats.max_value("exitlimit/parked_max", self.queue.parked)
-        return await got  # a future on asyncio, a Deferred on other reactors
+        return await lease_or_wait  # a future on asyncio, a Deferred on other reactors
 
     def _served_from_cache(self, request: Request) -> bool:
         """HttpCacheMiddleware (900) will answer this request: it must not wait or spend tokens.

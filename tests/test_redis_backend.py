@@ -130,7 +130,7 @@ async def test_a_429_seen_by_one_crawl_cools_the_pair_for_the_other(redis_url):
         await _drain(one)
         got = await admit(two, "http://o")
         assert got.leases == []
-        assert got.wait - two.clock() == pytest.approx(30.0, abs=4.0)  # jitter is up to 10 %
+        assert got.ready_at - two.clock() == pytest.approx(30.0, abs=4.0)  # jitter is up to 10 %
     finally:
         await one.close()
         await two.close()

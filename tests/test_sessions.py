@@ -103,14 +103,14 @@ class Queue:
         return asyncio.get_running_loop().create_future() if self.kind == "future" \
             else Deferred()
 
-    async def acquire(self, origin, only):
+    async def acquire(self, origin, pinned):
         result = self.waitable()
-        self.parked.append((only, result))
+        self.parked.append((pinned, result))
         return await result
 
-    def admit(self, exit_id, only=None):
-        """The oldest request parked for ``only`` gets a lease on ``exit_id``."""
-        i = next(i for i, (o, _) in enumerate(self.parked) if o == only)
+    def admit(self, exit_id, pinned=None):
+        """The oldest request parked for ``pinned`` gets a lease on ``exit_id``."""
+        i = next(i for i, (o, _) in enumerate(self.parked) if o == pinned)
         _, result = self.parked.pop(i)
         lease = Lease(id=i, origin=ORIGIN, exit_id=exit_id, admitted_at=0.0, rate=1.0,
                       gap=0.0, was_full=False)
@@ -119,8 +119,8 @@ class Queue:
         else:
             result.callback(lease)
 
-    def fail(self, exc, only=None):
-        for o, result in [p for p in self.parked if p[0] == only]:
+    def fail(self, exc, pinned=None):
+        for o, result in [p for p in self.parked if p[0] == pinned]:
             self.parked.remove((o, result))
             if self.kind == "future":
                 result.set_exception(exc)
@@ -165,7 +165,7 @@ async def test_one_request_chooses_a_sessions_exit_and_the_others_follow(kind):
     assert sessions.pinned("s") == "x" and sessions.following == 0
     assert [only for only, _ in queue.parked] == ["x"] * 3  # all on the chosen exit
     for _ in range(3):
-        queue.admit("x", only="x")
+        queue.admit("x", pinned="x")
     await turn()
     assert {(await outcome(r)).exit_id for r in requests} == {"x"}
     assert stats.values == {}
@@ -229,13 +229,13 @@ async def test_a_session_leaves_a_bad_exit_once_and_its_parked_requests_follow()
     await turn()
     assert [only for only, _ in queue.parked] == ["x"] * 3
     queue.bad.add("x")  # banned while they wait: the middleware fails them with Repin
-    queue.fail(Repin(), only="x")
+    queue.fail(Repin(), pinned="x")
     await turn()
     assert [only for only, _ in queue.parked] == [None]  # one chooses again
     queue.admit("y")
     await turn()
     for _ in range(2):
-        queue.admit("y", only="y")
+        queue.admit("y", pinned="y")
     await turn()
     assert {(await outcome(r)).exit_id for r in parked} == {"y"}
     assert stats.values == {"exitlimit/session_repinned": 1}  # once per session

@@ -25,8 +25,9 @@ class Admission(NamedTuple):
     leases: list[Lease]
     #: the earliest time (backend clock) anything more could be admitted;
     #: ``math.inf`` when only a released lease can help
-    wait: float
-    #: whether a lease released before ``wait`` could admit more (else it need not wake us)
+    ready_at: float
+    #: whether a lease released before ``ready_at`` could admit more (else it need not
+    #: wake us)
     release_helps: bool = True
 
 
@@ -62,19 +63,20 @@ class Backend:
         return time.monotonic()
 
     def admit(self, origin: str, want: int, now: float,
-              only: str | None = None) -> Admission | Deferred | asyncio.Future:
-        """Up to ``want`` leases for ``origin`` (on exit ``only``, when given)."""
+              pinned: str | None = None) -> Admission | Deferred | asyncio.Future:
+        """Up to ``want`` leases for ``origin`` (on exit ``pinned`` only, when given: a
+        sticky session's)."""
         raise NotImplementedError
 
     def admit_here(self, origin: str, want: int, now: float,
-                   only: str | None = None) -> Admission:
+                   pinned: str | None = None) -> Admission:
         """Up to ``want`` leases from this process's own state."""
         leases: list[Lease] = []
         while len(leases) < want:
-            got = self.limiter.try_admit(origin, now, only)
-            if not isinstance(got, Lease):
-                return Admission(leases, got)
-            leases.append(got)
+            lease_or_time = self.limiter.try_admit(origin, now, pinned)
+            if not isinstance(lease_or_time, Lease):
+                return Admission(leases, lease_or_time)
+            leases.append(lease_or_time)
         return Admission(leases, now)
 
     def open(self) -> None:
@@ -167,5 +169,5 @@ class MemoryBackend(Backend):
     """All state in this process: right for one ``scrapy crawl`` per pool of exits."""
 
     def admit(self, origin: str, want: int, now: float,
-              only: str | None = None) -> Admission:
-        return self.admit_here(origin, want, now, only)
+              pinned: str | None = None) -> Admission:
+        return self.admit_here(origin, want, now, pinned)

@@ -438,8 +438,8 @@ class RedisBackend(Backend):
         stale = self._stale
         pkeys: list[str] = []
         pargs: list[Any] = []
-        for origin, ostate in limiter.origins.items():
-            for pair_key, pair in ostate.pairs.items():
+        for origin, origin_state in limiter.origins.items():
+            for pair_key, pair in origin_state.pairs.items():
                 bucket = pair.bucket
                 if max(bucket.tat, pair.cooldown_until, pair.banned_until) <= now:
                     continue  # nothing to say: the pair is free as far as this process knows
@@ -526,27 +526,28 @@ class RedisBackend(Backend):
 
     # -- admission ------------------------------------------------------------
     def admit(self, origin: str, want: int, now: float,
-              only: str | None = None) -> asyncio.Future:
-        return asyncio.ensure_future(self._admit_and_poll(origin, want, only))
+              pinned: str | None = None) -> asyncio.Future:
+        return asyncio.ensure_future(self._admit_and_poll(origin, want, pinned))
 
-    async def _admit_and_poll(self, origin: str, want: int, only: str | None) -> Admission:
-        got = await self._admit(origin, want, only)
-        if got.leases or self._partition is None:
-            return got
+    async def _admit_and_poll(self, origin: str, want: int, pinned: str | None) -> Admission:
+        admission = await self._admit(origin, want, pinned)
+        if admission.leases or self._partition is None:
+            return admission
         # while the pool is split, ask again soon whatever the answer: the split ends
         # without a release to wake the queue, and a pinned exit may be held elsewhere
-        return Admission([], min(got.wait, self.clock() + PARTITION_POLL), got.release_helps)
+        return Admission([], min(admission.ready_at, self.clock() + PARTITION_POLL),
+                         admission.release_helps)
 
-    async def _admit(self, origin: str, want: int, only: str | None) -> Admission:
+    async def _admit(self, origin: str, want: int, pinned: str | None) -> Admission:
         if not self.shared:
-            return self._admit_locally(origin, want, only)
+            return self._admit_locally(origin, want, pinned)
         limiter = self.limiter
         now = self.clock()
         if origin not in limiter.origins:  # new, or forgotten while idle: learn it afresh
             self._learn_seen.pop(origin, None)
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
-        if only is None and origin in self._held:
+        if pinned is None and origin in self._held:
             return self._from_held(origin, now)
         # the best few first (what this process knows of their load; in a large pool the
         # exits it used last, alone, with no plan made while they serve: the pool's other
@@ -554,11 +555,11 @@ class RedisBackend(Backend):
         # everything asked for: fewer keys to send and check
         first = FIRST_CANDIDATES + want
         best = (self._warm_ready(origin, now)[:first]
-                if only is None and origin in self._warm else [])
+                if pinned is None and origin in self._warm else [])
         candidates: list[Candidate] = []
         earliest, planned = math.inf, not best
         if planned:
-            candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+            candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, pinned)
             if not candidates:
                 return Admission([], earliest)
             best, candidates = candidates[:first], candidates[first:]
@@ -575,19 +576,19 @@ class RedisBackend(Backend):
             if chunk is None:  # the rest
                 if not planned:
                     taken = {c.exit_id for c in best}
-                    candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+                    candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, pinned)
                     candidates = [c for c in candidates if c.exit_id not in taken]
                     self._planned[origin] = now
                 chunk = candidates
             if not chunk:
                 continue
             try:
-                got, chunk_wait, blocked = await self._admit_on(
-                    origin, want - len(leases) - len(reserved), chunk, only is None)
+                granted, chunk_wait, blocked = await self._admit_on(
+                    origin, want - len(leases) - len(reserved), chunk, pinned is None)
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
-                return self._admit_locally(origin, want, only)
-            for at, lease in got:
+                return self._admit_locally(origin, want, pinned)
+            for at, lease in granted:
                 if at:
                     reserved.append((at, lease.id, lease))
                 else:
@@ -627,12 +628,12 @@ class RedisBackend(Backend):
         pairs = limiter.origin_state(origin).pairs
         warm = []
         for exit_id, c in reversed(self._warm[origin].items()):
-            estate = limiter.exits[exit_id]
+            exit_state = limiter.exits[exit_id]
             pair = pairs.get(c.pair)
             # only what this process knows ready, or soon enough to be reserved (others
             # would cost a second call)
-            if (pair is None or pair.single_file or estate.in_flight >= estate.limit
-                    or estate.health.dead(now)
+            if (pair is None or pair.single_file or exit_state.in_flight >= exit_state.limit
+                    or exit_state.health.dead(now)
                     or pair.ready_at(now) > now + pair.bucket.interval / 2
                     or (limiter.allowed is not None and exit_id not in limiter.allowed)):
                 continue
@@ -737,11 +738,11 @@ class RedisBackend(Backend):
                                             self._key("exit", c.exit_id))
         return keys
 
-    def _admit_locally(self, origin: str, want: int, only: str | None) -> Admission:
+    def _admit_locally(self, origin: str, want: int, pinned: str | None) -> Admission:
         now = self.clock()
         if self.on_error == "pause":
             return Admission([], now + LEASE_POLL * 10)
-        return self.admit_here(origin, want, now, only)
+        return self.admit_here(origin, want, now, pinned)
 
     # -- learned state ------------------------------------------------------------
     async def _pull_learning(self, origin: str, version: str) -> None:
@@ -765,8 +766,8 @@ class RedisBackend(Backend):
         if not self.shared or origin in self._publishing:
             return
         now = self.clock()
-        ostate = self.limiter.origins.get(origin)
-        every = LEARN_CHECK * max(1.0, len(ostate.pairs) / LEARN_CHECK_PAIRS) if ostate else 0
+        state = self.limiter.origins.get(origin)
+        every = LEARN_CHECK * max(1.0, len(state.pairs) / LEARN_CHECK_PAIRS) if state else 0
         if not urgent and now - self._mark_checked.get(origin, -math.inf) < every:
             return
         self._mark_checked[origin] = now

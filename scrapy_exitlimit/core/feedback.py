@@ -57,8 +57,8 @@ class FeedbackLaws:
         self.rng = rng
 
     def _pair(self, origin: str, exit_id: str) -> tuple[OriginState, PairState]:
-        ostate = self.state.origin(origin)
-        return ostate, self.state.pair(ostate, exit_id)
+        origin_state = self.state.origin(origin)
+        return origin_state, self.state.pair(origin_state, exit_id)
 
     def _held(self, origin: str, exit_id: str, pair: PairState, hold: Hold) -> PairHeld:
         until = pair.cooldown_until if hold is Hold.COOLDOWN else pair.banned_until
@@ -68,7 +68,7 @@ class FeedbackLaws:
     def success(self, lease: Lease, latency: float | None = None) -> Feedback:
         now = self.clock()
         out = Feedback()
-        ostate, pair = self._pair(lease.origin, lease.exit_id)
+        origin_state, pair = self._pair(lease.origin, lease.exit_id)
         exit_state = self.pool.states[lease.exit_id]
         if pair.succeeded(now):
             out.events.append(Event(EventKind.RECOVERED, lease.origin, lease.exit_id,
@@ -82,14 +82,14 @@ class FeedbackLaws:
                     EventKind(f"concurrency_{moved}"), lease.origin, lease.exit_id,
                     f"limit {concurrency.limit} (latency {latency:.3f}s, "
                     f"baseline {concurrency.baseline:.3f}s)"))
-        learned = ostate.learner.succeeded(
+        learned = origin_state.learner.succeeded(
             lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             margin=pair.bucket.margin, admitted_at=lease.admitted_at, site_gap=lease.site_gap,
             now=now,
             configured=self.state.configured_rate(lease.origin, lease.exit_id) is not None)
         self._learned(out, lease.origin, learned)
-        if ostate.budget.may_recover(now):
-            ostate.budget.recover(ostate.learner.site_rate(),
+        if origin_state.budget.may_recover(now):
+            origin_state.budget.recover(origin_state.learner.site_rate(),
                                   self.tuning.max_rate * len(self.pool))
         return out
 
@@ -98,7 +98,7 @@ class FeedbackLaws:
         now = self.clock() if now is None else now
         t = self.tuning
         out = Feedback()
-        ostate, pair = self._pair(origin, exit_id)
+        origin_state, pair = self._pair(origin, exit_id)
         until = now + retry_after * (1.0 + self.rng.uniform(0.0, t.jitter))
         pair.learning.rate_streak += 1
         opened = pair.rate_limited(now, until, breaker_after=t.breaker_after,
@@ -120,10 +120,10 @@ class FeedbackLaws:
             self._learned(out, origin, [Event(
                 EventKind.ANNOUNCEMENT_WRONG, origin, exit_id,
                 f"429 at {lease.rate:.3g} r/s, stated {stated:.3g}")])
-        self._learned(out, origin, ostate.learner.rate_limited(
+        self._learned(out, origin, origin_state.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             admitted_at=lease.admitted_at, now=now, slack=pair.bucket.margin + pair.spread,
-            pick_scout=partial(self._pick_scout, ostate, now)))
+            pick_scout=partial(self._pick_scout, origin_state, now)))
         return out
 
     @staticmethod
@@ -134,20 +134,20 @@ class FeedbackLaws:
             if not out.learned():
                 out.changes.append(LearningChanged(origin))
 
-    def _pick_scout(self, ostate: OriginState, now: float, exclude: Sequence[str]
+    def _pick_scout(self, origin_state: OriginState, now: float, exclude: Sequence[str]
                     ) -> str | None:
         """Another exit to probe with: one of the pool's (no limit of its own), usable."""
         pair_key = self.state.aliases.pair_key
         choices = [e for e in self.pool.states if e not in exclude and self.pool.allows(e)
-                   and usable(self.state, self.pool, ostate.key, e, now)
-                   and (p := ostate.pairs.get(pair_key(e))) is not None
+                   and usable(self.state, self.pool, origin_state.key, e, now)
+                   and (p := origin_state.pairs.get(pair_key(e))) is not None
                    and p.own_limit is None and p.cooldown_until <= now]
         if not choices:
             return None
         chosen = self.rng.choice(choices)
-        pair = ostate.pairs[pair_key(chosen)]
+        pair = origin_state.pairs[pair_key(chosen)]
         pair.learning.confirmations, pair.learning.confirmed_rate = 0, math.inf
-        ostate.learner.scout_since = now
+        origin_state.learner.scout_since = now
         return chosen
 
     def announced(self, lease: Lease, rate: float | None, remaining: float | None,
@@ -186,11 +186,12 @@ class FeedbackLaws:
         now = self.clock()
         t = self.tuning
         out = Feedback()
-        ostate = self.state.origin(lease.origin)
-        if not ostate.budget.congestion_is_new(lease.admitted_at):
+        origin_state = self.state.origin(lease.origin)
+        if not origin_state.budget.congestion_is_new(lease.admitted_at):
             return out
-        bucket, pause = ostate.budget.overloaded(
-            now, ostate.learner.admitted_rate(now), ostate.learner.site_rate(), retry_after,
+        learner = origin_state.learner
+        bucket, pause = origin_state.budget.overloaded(
+            now, learner.admitted_rate(now), learner.site_rate(), retry_after,
             backoff=t.overload_backoff, min_rate=t.min_rate)
         if retry_after:  # a pause the server stated is the origin's, for every process
             out.changes.append(OriginHeld(lease.origin, now + retry_after, bucket.tolerance))
@@ -209,8 +210,8 @@ class FeedbackLaws:
             out.events.append(Event(EventKind.CONCURRENCY_DECREASE, origin or "", exit_id,
                                     f"limit {exit_state.concurrency.limit} after a fault"))
         if timeout and origin is not None:
-            ostate, pair = self._pair(origin, exit_id)
-            if ostate.timeouts.origin_stalls(exit_id, now, pair.last_success):
+            origin_state, pair = self._pair(origin, exit_id)
+            if origin_state.timeouts.origin_stalls(exit_id, now, pair.last_success):
                 out.events.append(Event(
                     EventKind.ORIGIN_TIMEOUT, origin, exit_id,
                     "the origin is slow for several exits: not the exit's fault"))

@@ -149,19 +149,19 @@ class Limiter:
     def pair_state(self, origin: str, exit_id: str) -> PairState:
         return self.state.pair(self.state.origin(origin), exit_id)
 
-    def pair_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
+    def pair_rate(self, origin_state: OriginState, exit_id: str, pair: PairState) -> float:
         """The rate this pair should pace at now."""
-        return ostate.learner.pair_rate(exit_id, pair.learning)
+        return origin_state.learner.pair_rate(exit_id, pair.learning)
 
-    def _pace(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
-        return _OriginRules(self, ostate).pace(exit_id, pair)
+    def _pace(self, origin_state: OriginState, exit_id: str, pair: PairState) -> float:
+        return _OriginRules(self, origin_state).pace(exit_id, pair)
 
-    def _sync_budget(self, ostate: OriginState) -> TokenBucket | None:
-        return ostate.budget.sync(ostate.learner.site_rate())
+    def _sync_budget(self, origin_state: OriginState) -> TokenBucket | None:
+        return origin_state.budget.sync(origin_state.learner.site_rate())
 
-    def _tick(self, ostate: OriginState, now: float) -> None:
+    def _tick(self, origin_state: OriginState, now: float) -> None:
         # a generator: the pairs are walked only on the ticks that drift their ceilings
-        ostate.learner.tick(now, (p.learning for p in ostate.pairs.values()))
+        origin_state.learner.tick(now, (p.learning for p in origin_state.pairs.values()))
 
     # -- admission ---------------------------------------------------------
     def restrict(self, exit_ids: Iterable[str] | None) -> None:
@@ -172,44 +172,44 @@ class Limiter:
         at their full rate). A sticky request pinned elsewhere waits.
         """
         self.pool.restrict(exit_ids)
-        for ostate in self.origins.values():  # large pools: the heap starts over
-            HeapSelector.reset(ostate.search, self.pool)
+        for origin_state in self.origins.values():  # large pools: the heap starts over
+            HeapSelector.reset(origin_state.search, self.pool)
 
     def try_admit(self, origin: str, now: float | None = None,
                   pinned: str | None = None) -> Lease | float:
         """A lease now, or when to ask again. ``pinned``: on this exit or not at all
         (a sticky session's)."""
         now = self.clock() if now is None else now
-        ostate = self.origin_state(origin)
-        ostate.last_used = now
-        self._tick(ostate, now)
-        rules = _OriginRules(self, ostate)
+        origin_state = self.origin_state(origin)
+        origin_state.last_used = now
+        self._tick(origin_state, now)
+        rules = _OriginRules(self, origin_state)
         if pinned is None and len(self.pool) > INDEX_ABOVE:
-            found = self._heap.select(ostate.search, origin, self.pool, rules, now)
+            found = self._heap.select(origin_state.search, origin, self.pool, rules, now)
             if not isinstance(found, tuple):
                 return found
             exit_id, exit_state, pair = found
-            got = self._take(ostate, exit_state, pair, now)
+            lease_or_time = self._take(origin_state, exit_state, pair, now)
             # taken: back when its next token is; held up by the origin: still ready
-            self._heap.queue(ostate.search, exit_id,
-                             pair.ready_at(now) if isinstance(got, Lease) else now, now)
-            return got
+            again = pair.ready_at(now) if isinstance(lease_or_time, Lease) else now
+            self._heap.queue(origin_state.search, exit_id, again, now)
+            return lease_or_time
         chosen = selector.scan(self.pool.members(pinned), rules, now)
         if not isinstance(chosen, tuple):
             return chosen
-        return self._take(ostate, *chosen, now)
+        return self._take(origin_state, *chosen, now)
 
-    def _take(self, ostate: OriginState, exit_state: ExitState, pair: PairState,
+    def _take(self, origin_state: OriginState, exit_state: ExitState, pair: PairState,
               now: float) -> Lease | float:
         """The budgets every exit shares (the origin's), the pair token and a lease,
         together; or when the shared budgets allow the next request (the pair is
         ready: the caller checked)."""
-        shared = [b for b in (self._sync_budget(ostate),) if b is not None]
+        shared = [b for b in (self._sync_budget(origin_state),) if b is not None]
         gap = now - pair.last_admit
         wait = take_together([*shared, pair.bucket], now)
         if wait is not None:
             return wait
-        return self._grant(ostate, exit_state, pair, now, gap)
+        return self._grant(origin_state, exit_state, pair, now, gap)
 
     def plan(self, origin: str, now: float | None = None, limit: int | None = None,
              pinned: str | None = None) -> tuple[list[Candidate], float]:
@@ -223,15 +223,15 @@ class Limiter:
         ``selector``): the cost follows ``limit``, not the pool's size.
         """
         now = self.clock() if now is None else now
-        ostate = self.origin_state(origin)
-        ostate.last_used = now
-        self._tick(ostate, now)
-        self._sync_budget(ostate)  # the learned site rate reaches the shared script
+        origin_state = self.origin_state(origin)
+        origin_state.last_used = now
+        self._tick(origin_state, now)
+        self._sync_budget(origin_state)  # the learned site rate reaches the shared script
         members: Iterable[tuple[str, ExitState]] = self.pool.members(pinned)
         enough = math.inf
         if pinned is None and limit is not None and len(self.pool) > INDEX_ABOVE:
-            members, enough = selector.round_robin(self.pool, ostate.search), limit
-        return selector.plan(members, _OriginRules(self, ostate), now, limit, enough)
+            members, enough = selector.round_robin(self.pool, origin_state.search), limit
+        return selector.plan(members, _OriginRules(self, origin_state), now, limit, enough)
 
     def reserve_lease_ids(self, count: int) -> int:
         """Set aside ``count`` lease ids (for a shared backend naming leases up front)."""
@@ -240,23 +240,23 @@ class Limiter:
     def grant(self, origin: str, exit_id: str, now: float, gap: float,
               lease_id: int | None = None) -> Lease:
         """Record an admission the shared state made (``gap``: since the pair's previous one)."""
-        ostate = self.origin_state(origin)
+        origin_state = self.origin_state(origin)
         pair = self.pair_state(origin, exit_id)
         pair.bucket.consume(now)  # keeps the local schedule close, for a fallback
-        return self._grant(ostate, self.exits[exit_id], pair, now, gap, lease_id)
+        return self._grant(origin_state, self.exits[exit_id], pair, now, gap, lease_id)
 
-    def _grant(self, ostate: OriginState, exit_state: ExitState, pair: PairState, now: float,
+    def _grant(self, origin_state: OriginState, exit_state: ExitState, pair: PairState, now: float,
                gap: float, lease_id: int | None = None) -> Lease:
         exit_id = exit_state.exit.id
         rate = pair.bucket.rate
-        if ostate.learner.granted(exit_id, pair.learning, now):  # the new scout
-            self._pace(ostate, exit_id, pair)
+        if origin_state.learner.granted(exit_id, pair.learning, now):  # the new scout
+            self._pace(origin_state, exit_id, pair)
         pair.admitted(now)
-        site_gap, ostate.last_admit = now - ostate.last_admit, now
+        site_gap, origin_state.last_admit = now - origin_state.last_admit, now
         exit_state.in_flight += 1
         if lease_id is None:
             lease_id = self.leases.reserve_ids(1)
-        lease = Lease(lease_id, ostate.key, exit_id, now, rate, gap,
+        lease = Lease(lease_id, origin_state.key, exit_id, now, rate, gap,
                       exit_state.in_flight >= exit_state.limit, self.pair_key(exit_id), site_gap)
         self.leases.add(lease)
         return lease
@@ -372,9 +372,9 @@ class Limiter:
 
     def import_learning(self, origin: str, data: Mapping[str, Any]) -> None:
         """Adopt what another process published for this origin."""
-        ostate = self.origin_state(origin)
-        sharing.import_learning(ostate, data, known_exit=self.exits.__contains__,
-                                pair_of=partial(self.state.pair, ostate),
+        origin_state = self.origin_state(origin)
+        sharing.import_learning(origin_state, data, known_exit=self.exits.__contains__,
+                                pair_of=partial(self.state.pair, origin_state),
                                 configured=partial(self.state.configured_limit, origin))
 
     def forget_idle(self, now: float | None = None) -> int:
