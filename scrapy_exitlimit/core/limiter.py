@@ -5,10 +5,13 @@
 - ``pair.py``: a pair's pacing, arrivals, cooldown, breaker and ban;
 - ``learner.py``: the rate each pair paces at, learned per origin;
 - ``budget.py``: the origin budget (site rate, 503s);
+- ``stated.py``: what the server's RateLimit headers state;
 - ``health.py``: an exit's concurrency cap and evictions; ``blame.py``: whose
   fault a timeout is;
 - ``eligibility.py`` and ``selector.py``: which exit takes the next request;
-- ``leases.py``: the requests in flight; ``aliases.py``: exit IPs;
+- ``feedback.py``: each answer to the laws of the keys it concerns;
+- ``state.py``, ``pool.py``, ``leases.py``, ``aliases.py``: origin and pair
+  state, the exits, the requests in flight, exit IPs;
 - ``views.py``, ``sharing.py``, ``forgetting.py``: what the operator sees, what
   a shared backend publishes, and what is dropped when idle.
 """
