@@ -29,6 +29,8 @@ LATENCY_FORGET = 0.02
 WARM_ANSWERS = 3
 #: latency samples the arrival spread of a pair is read from (its 90th percentile)
 SPREAD_SAMPLES = 16
+#: the share of the arrival spread added to a pair's interval near a known limit
+SPREAD_MARGIN = 0.2
 #: timeouts on several exits of one origin within this many seconds blame the origin
 TIMEOUT_WINDOW = 30.0
 #: pools larger than this are searched through a per-origin index, not a scan
@@ -76,6 +78,13 @@ class PairState:
     #: percentile: how far apart in time requests paced evenly may reach the server
     lateness: deque[float] = field(default_factory=lambda: deque(maxlen=SPREAD_SAMPLES))
     spread: float = 0.0
+    #: near a known limit on a jittery path: the next request waits for the answer to
+    #: the previous one (its arrival then re-anchors pacing), at most this long past
+    #: its interval
+    answer_wait: float = 0.0
+    #: 429s in a row to requests sent after the previous cooldown had ended (what the
+    #: breaker counts, and what lengthens a Retry-After that keeps proving too short)
+    tested_429: int = 0
     breaker_opened: int = 0  # times the breaker opened without a success since
     half_open: bool = False
     banned_until: float = -math.inf
@@ -97,8 +106,15 @@ class PairState:
         """One request at a time: a new pair, or a half-open breaker or ban."""
         return (not self.proven or self.half_open) and self.in_flight > 0
 
+    def answer_gate(self) -> float:
+        """Until when the pair waits for its previous answer (-inf: it does not)."""
+        if self.answer_wait and self.in_flight:
+            return self.last_admit + self.bucket.interval + self.answer_wait
+        return -math.inf
+
     def ready_at(self, now: float) -> float:
-        return max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until)
+        return max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until,
+                   self.answer_gate())
 
 
 @dataclass
@@ -282,17 +298,27 @@ class Limiter:
     def _sync_rate(self, ostate: OriginState, exit_id: str, pair: PairState) -> float:
         rate = self.pair_rate(ostate, exit_id, pair) * self.share
         # near a known limit, requests are spaced by what the network does to them too:
-        # paced 1/rate apart, they may reach the server ``spread`` closer than that
-        # (at most 1.5 intervals: past that, the learned rate takes the rest)
+        # paced 1/rate apart, they may reach the server ``spread`` closer than that. An
+        # answer re-anchors pacing on when its request arrived (``_answered``), so the
+        # next request waits for the previous answer (up to ``spread`` past its interval,
+        # at most 1.5 intervals); a share of the spread stays as margin, for what the
+        # fastest answer seen so far overstates the path's floor
         margin = self.tuning.margin
         if pair.spread and ostate.learner.near_limit(pair.learning):
-            margin += min(pair.spread, 1.5 / rate)
+            margin += min(pair.spread * SPREAD_MARGIN, 1.5 / rate)
+            pair.answer_wait = min(pair.spread, 1.5 / rate)
+        else:
+            pair.answer_wait = 0.0
         bucket = pair.bucket
         if rate != bucket.rate or margin != bucket.margin:
-            slower = rate < bucket.rate
+            before = bucket.interval
             bucket.set_rate(rate, margin=margin)
-            if slower:  # the next request one new interval after the last, not sooner
+            # the next request one new interval after the last: not sooner when slower,
+            # not an old interval later when faster (a probe starts at once)
+            if bucket.interval > before:
                 bucket.arrived(pair.last_admit)
+            elif math.isfinite(bucket.tat):
+                bucket.tat -= before - bucket.interval
         return rate
 
     def _sync_budget(self, ostate: OriginState) -> TokenBucket | None:
@@ -478,6 +504,10 @@ class Limiter:
                 earliest = min(earliest, blocked)
                 continue
             self._sync_rate(ostate, exit_id, pair)
+            gate = pair.answer_gate()  # (what this process has in flight on the pair)
+            if gate > now:
+                earliest = min(earliest, gate)
+                continue
             bucket = pair.bucket
             ranked.append(((estate.in_flight / estate.limit, pair.last_admit),
                            Candidate(exit_id, bucket.interval, bucket.tolerance, estate.limit,
@@ -630,7 +660,7 @@ class Limiter:
         ostate = self.origin_state(lease.origin)
         pair = self.pair_state(lease.origin, lease.exit_id)
         estate = self.exits[lease.exit_id]
-        pair.streak_429 = 0
+        pair.streak_429 = pair.tested_429 = 0
         pair.last_success = now
         if pair.half_open or pair.breaker_opened or pair.bans:
             if pair.half_open:
@@ -669,10 +699,19 @@ class Limiter:
         events: list[Event] = []
         ostate = self.origin_state(origin)
         pair = self.pair_state(origin, exit_id)
-        until = now + retry_after * (1.0 + self.rng.uniform(0.0, t.jitter))
         pair.streak_429 += 1
+        # a 429 to a request sent after the last cooldown ended says that cooldown was
+        # too short; one sent before it (in flight with the first) is the same event
+        if lease is None or lease.admitted_at >= pair.cooldown_until:
+            pair.tested_429 += 1
+        # a Retry-After that keeps proving too short (a window limit answering "1" until
+        # its window ends) doubles from the second such 429 in a row, before any breaker
+        wait = retry_after
+        if lease is not None:
+            wait *= 2 ** max(0, pair.tested_429 - 1)
+        until = now + wait * (1.0 + self.rng.uniform(0.0, t.jitter))
         pair.learning.rate_streak += 1
-        if pair.half_open or pair.streak_429 >= t.breaker_after:
+        if pair.half_open or pair.tested_429 >= t.breaker_after:
             pair.breaker_opened += 1
             pair.half_open = True
             hold = t.breaker_cooldown * 2 ** (pair.breaker_opened - 1)
@@ -706,7 +745,7 @@ class Limiter:
         choices = [e for e in self.exits if e not in exclude and self._allowed(e)
                    and self.usable(ostate.key, e, now)
                    and (p := ostate.pairs.get(self.pair_key(e))) is not None
-                   and p.own is None and p.cooldown_until <= now]
+                   and ostate.learner.may_scout(p.learning, now) and p.cooldown_until <= now]
         if not choices:
             return None
         chosen = self.rng.choice(choices)
