@@ -9,6 +9,7 @@ import random
 import pytest
 
 from scrapy_exitlimit.core import Lease, Limiter, Limits, Tuning, make_exit
+from scrapy_exitlimit.core.limiter import SPREAD_MARGIN
 from scrapy_exitlimit.sim import Gcra, OriginModel, Unlimited
 
 from .conftest import FakeClock
@@ -158,8 +159,16 @@ def test_arrival_spread_widens_pacing_only_near_a_known_limit():
         lease = got
     pair = lim.pair_state(SITE, exit_id)
     assert pair.spread >= 0.2
-    # a configured rate is a known limit: paced 1/5 s plus the spread (at most 1.5 intervals)
-    assert pair.bucket.interval == pytest.approx(0.2 + 0.005 + min(pair.spread, 0.3))
+    # a configured rate is a known limit: paced 1/5 s plus a share of the spread (the
+    # answers re-anchor the rest), and the next request waits for the previous answer up
+    # to the whole spread (at most 1.5 intervals) past its interval
+    assert pair.bucket.interval == pytest.approx(0.2 + 0.005 + SPREAD_MARGIN * pair.spread)
+    assert pair.in_flight == 1
+    interval = pair.bucket.interval
+    assert pair.ready_at(clock.now) == pytest.approx(
+        pair.last_admit + interval + min(pair.spread, 0.3))
+    lim.release(lease.id, answered=False)  # the answer (or its failure) lifts the wait
+    assert pair.ready_at(clock.now) == pytest.approx(pair.bucket.ready_at(clock.now))
     unlimited = limiter(1, FakeClock(0.0))  # learned, no 429 yet: nothing to space for
     first = unlimited.try_admit(SITE)
     unlimited.pair_state(SITE, first.exit_id).spread = 0.3

@@ -15,6 +15,7 @@ from scrapy_exitlimit.core import (
     Tuning,
     make_exit,
 )
+from scrapy_exitlimit.core.learning import CEILING_DRIFT, CEILING_DRIFT_MIN
 
 from .conftest import FakeClock
 
@@ -78,8 +79,8 @@ def test_never_below_the_floor_nor_above_the_ceiling():
 def test_converges_within_resolution_then_probes_again_as_the_ceiling_drifts():
     est = RateEstimate(4.9, hi=5.0)
     assert est.converged and est.target() == 4.9
-    est.drift(10)  # ten seconds clean: 0.5 %/s
-    assert est.hi == pytest.approx(5.0 * 1.05)
+    est.drift(10)  # ten seconds clean
+    assert est.hi == pytest.approx(5.0 * (1 + 10 * CEILING_DRIFT))
     assert not est.converged and est.target() > 4.9
 
 
@@ -87,11 +88,11 @@ def test_re_probes_that_find_the_ceiling_where_it_was_come_less_often():
     est = RateEstimate(4.9, hi=5.0, seen=5.0, settled=True)
     est.drift(10)
     est.rejected(5.1, now=10)  # the re-probe: the ceiling held
-    assert est.drift_rate == pytest.approx(0.005 / 2)
+    assert est.drift_rate == pytest.approx(CEILING_DRIFT / 2)
     assert est.hi == 5.1 and est.lo == 4.9
     for now in range(11, 20):
         est.rejected(5.1, now=now)
-    assert est.drift_rate == pytest.approx(0.001)  # never slower: a raise is found in time
+    assert est.drift_rate == pytest.approx(CEILING_DRIFT_MIN)  # never slower: a raise is found
 
 
 def test_a_confirmed_rate_above_the_last_429_resumes_slow_start():
@@ -224,7 +225,7 @@ def test_429s_from_one_congestion_event_decrease_once():
             got = lim.try_admit(SITE)
         answer(lim, clock, got)
     assert est.proven
-    est.lo, est.hi = 8.0, 9.0  # bisecting already
+    est.lo, est.hi = 20.0, 22.0  # bisecting already, above what ran clean
     lim.exits["127.0.0.1:9000"].concurrency.limit = 8
     leases = []
     while len(leases) < 3:  # three in flight, none answered yet
@@ -235,7 +236,7 @@ def test_429s_from_one_congestion_event_decrease_once():
             clock.now = got
     lim.rate_limited(SITE, leases[0].exit_id, 1.0, leases[0])
     after_first = (est.lo, est.hi)
-    assert after_first != (8.0, 9.0)
+    assert after_first != (20.0, 22.0)
     for lease in leases[1:]:  # sent before the first 429 came back: the same event
         lim.rate_limited(SITE, lease.exit_id, 1.0, lease)
     assert (est.lo, est.hi) == after_first

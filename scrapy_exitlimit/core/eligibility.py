@@ -8,11 +8,12 @@ backend sends to its shared state), checked in this order:
 3. a pair waiting for an answer (its first request, a half-open probe, or
    discovery holding it): ``AWAITS_ANSWER``, the answer helps;
 4. the pair is paced at its current rate (which may move its next token), then
-   ``LATER`` until its token, cooldown and ban allow it, else ``READY``.
+   ``LATER`` until its token, cooldown, ban and answer gate (``pair.py``) allow
+   it, else ``READY``.
 
 A shared backend checks tokens and leases in the shared state, so its plan asks
-with ``token=False``: step 4 is then only the cooldown and the ban (a pair held
-is not paced; its pacing is synced when it comes back).
+with ``token=False``: step 4 is then the cooldown and the ban (a pair held is
+not paced; its pacing is synced when it comes back), then the answer gate.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def judge(exit_id: str, exit_state: ExitState, rules: PairRules, now: float,
         if held > now:
             return (_LATER, held, pair)
         rules.pace(exit_id, pair)
+        gate = pair.answer_gate()  # (what this process has in flight on the pair)
+        if gate > now:
+            return (_LATER, gate, pair)
         return (_READY, now, pair)
     rules.pace(exit_id, pair)
     ready = pair.ready_at(now)

@@ -99,10 +99,12 @@ class FeedbackLaws:
         t = self.tuning
         out = Feedback()
         origin_state, pair = self._pair(origin, exit_id)
-        until = now + retry_after * (1.0 + self.rng.uniform(0.0, t.jitter))
-        pair.learning.rate_streak += 1
-        opened = pair.rate_limited(now, until, breaker_after=t.breaker_after,
+        admitted_at = lease.admitted_at if lease is not None else None
+        opened = pair.rate_limited(now, retry_after, admitted_at=admitted_at,
+                                   stretch=1.0 + self.rng.uniform(0.0, t.jitter),
+                                   breaker_after=t.breaker_after,
                                    breaker_cooldown=t.breaker_cooldown)
+        pair.learning.rate_streak += 1
         if opened is not None:
             out.events.append(Event(EventKind.BREAKER_OPEN, origin, exit_id,
                                     f"{pair.streak_429} 429s in a row: open for "
@@ -141,7 +143,8 @@ class FeedbackLaws:
         choices = [e for e in self.pool.states if e not in exclude and self.pool.allows(e)
                    and usable(self.state, self.pool, origin_state.key, e, now)
                    and (p := origin_state.pairs.get(pair_key(e))) is not None
-                   and p.own_limit is None and p.cooldown_until <= now]
+                   and origin_state.learner.may_scout(p.learning, now)
+                   and p.cooldown_until <= now]
         if not choices:
             return None
         chosen = self.rng.choice(choices)

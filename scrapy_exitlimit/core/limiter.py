@@ -34,14 +34,14 @@ from .feedback import FeedbackLaws
 from .leases import Lease, LeaseTable
 from .limits import Limits
 from .origin import OriginState
-from .pair import WARM_ANSWERS, PairState
+from .pair import SPREAD_MARGIN, WARM_ANSWERS, PairState
 from .pool import ExitPool, ExitState
 from .selector import UNTIL_RELEASE, Candidate, HeapSelector
 from .state import StateTable
 from .views import ExitLoad
 
-__all__ = ["INDEX_ABOVE", "UNTIL_RELEASE", "WARM_ANSWERS", "Candidate", "Clock", "Lease",
-           "Limiter", "OriginState", "PairState", "Tuning", "take_together"]
+__all__ = ["INDEX_ABOVE", "SPREAD_MARGIN", "UNTIL_RELEASE", "WARM_ANSWERS", "Candidate",
+           "Clock", "Lease", "Limiter", "OriginState", "PairState", "Tuning", "take_together"]
 
 Clock = Callable[[], float]
 #: pools larger than this are searched through a per-origin heap, not a scan
@@ -87,11 +87,11 @@ class Limiter:
     methods return a :class:`~.changes.Feedback`: events for the caller to log
     and count, and the typed state changes a shared backend copies.
 
-    Every admission goes through ``_take``: the pair's bucket and the buckets
-    every exit shares for the request (the origin budget) are taken together
-    (``take_together``) with the lease. A budget of another scope (a named one,
-    shared by every exit: an API key) joins that list, and its learner the
-    feedback beside the pair's and the origin's.
+    Every admission goes through ``_take``: the buckets every exit shares for
+    the request (the origin budget) are taken together (``take_together``) with
+    the pair's token the search judged and the lease. A budget of another scope
+    (a named one, shared by every exit: an API key) joins that list, and its
+    learner the feedback beside the pair's and the origin's.
     """
 
     def __init__(
@@ -205,13 +205,14 @@ class Limiter:
     def _take(self, origin_state: OriginState, exit_state: ExitState, pair: PairState,
               now: float) -> Lease | float:
         """The budgets every exit shares (the origin's), the pair token and a lease,
-        together; or when the shared budgets allow the next request (the pair is
-        ready: the caller checked)."""
+        together; or when the shared budgets allow the next request. The pair's token
+        is the search's to judge (``eligibility.py``): it is taken as judged."""
         shared = [b for b in (self._sync_budget(origin_state),) if b is not None]
-        gap = now - pair.last_admit
-        wait = take_together([*shared, pair.bucket], now)
+        wait = take_together(shared, now)
         if wait is not None:
             return wait
+        gap = now - pair.last_admit
+        pair.bucket.consume(now)
         return self._grant(origin_state, exit_state, pair, now, gap)
 
     def plan(self, origin: str, now: float | None = None, limit: int | None = None,
@@ -419,11 +420,17 @@ class _OriginRules:
         learner = self._learner
         rate = learner.pair_rate(exit_id, pair.learning) * self._share
         # near a known limit, requests are spaced by what the network does to them too:
-        # paced 1/rate apart, they may reach the server ``spread`` closer than that
-        # (at most 1.5 intervals: past that, the learned rate takes the rest)
+        # paced 1/rate apart, they may reach the server ``spread`` closer than that. An
+        # answer re-anchors pacing on when its request arrived (``pair.py``), so the
+        # next request waits for the previous answer (up to ``spread`` past its interval,
+        # at most 1.5 intervals); a share of the spread stays as margin, for what the
+        # fastest answer seen so far overstates the path's floor
         margin = self._margin
         if pair.spread and learner.near_limit(pair.learning):
-            margin += min(pair.spread, 1.5 / rate)
+            margin += min(pair.spread * SPREAD_MARGIN, 1.5 / rate)
+            pair.answer_wait = min(pair.spread, 1.5 / rate)
+        else:
+            pair.answer_wait = 0.0
         pair.pace(rate, margin)
         return rate
 

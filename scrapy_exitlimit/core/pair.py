@@ -3,20 +3,25 @@
 The rate a pair paces at is the learner's to say (``learner.py``); the pair
 keeps the rest:
 
-1. **Pacing.** A GCRA bucket at the pair's rate. A slower rate starts one new
-   interval after the pair's last admission, not sooner.
+1. **Pacing.** A GCRA bucket at the pair's rate. A new pace starts one new
+   interval after the pair's last admission: not sooner when slower, not an old
+   interval later when faster (a probe starts at once).
 2. **Arrivals.** The server counts arrivals, we count admissions: a request
    answered ``latency`` after admission reached the server no later than
    ``now - min_latency``, so the next one goes an interval after that. Until
    ``WARM_ANSWERS`` answers show what "fast" is for the path, assume the worst
    (it arrived as the answer came). ``spread``, the 90th percentile of how much
    later than the fastest answers come, is how close together requests paced
-   evenly may reach the server.
+   evenly may reach the server. Near a known limit on a jittery path the next
+   request waits for the previous answer (``answer_wait`` past its interval at
+   most), so its arrival re-anchors pacing first.
 3. **Cooldown.** A 429 cools the pair down for its Retry-After (never
    shortened by a later, shorter one); the bucket is held so the cooldown ends
-   with one request, not a burst.
-4. **Breaker.** ``breaker_after`` 429s in a row with no success, or one on a
-   half-open pair, open the breaker: at least ``breaker_cooldown`` doubled on
+   with one request, not a burst. A 429 to a request sent after the previous
+   cooldown ended says that cooldown was too short: from the second such 429 in a
+   row the Retry-After doubles each time.
+4. **Breaker.** ``breaker_after`` such 429s in a row with no success, or one on
+   a half-open pair, open the breaker: at least ``breaker_cooldown`` doubled on
    each re-open (at most an hour), then one probe.
 5. **Ban.** A 403 / block page bans the pair (not the exit everywhere) for
    ``ban_cooldown`` doubled on each ban (at most a day), then one probe.
@@ -41,6 +46,8 @@ LATENCY_FORGET = 0.02
 WARM_ANSWERS = 3
 #: latency samples the arrival spread of a pair is read from (its 90th percentile)
 SPREAD_SAMPLES = 16
+#: the share of the arrival spread added to a pair's interval near a known limit
+SPREAD_MARGIN = 0.2
 #: the longest an open breaker holds, and the longest ban (seconds)
 BREAKER_MAX = 3600.0
 BAN_MAX = 86400.0
@@ -66,6 +73,13 @@ class PairState:
     #: percentile: how far apart in time requests paced evenly may reach the server
     lateness: deque[float] = field(default_factory=lambda: deque(maxlen=SPREAD_SAMPLES))
     spread: float = 0.0
+    #: near a known limit on a jittery path: the next request waits for the answer to
+    #: the previous one (its arrival then re-anchors pacing), at most this long past
+    #: its interval
+    answer_wait: float = 0.0
+    #: 429s in a row to requests sent after the previous cooldown had ended (what the
+    #: breaker counts, and what lengthens a Retry-After that keeps proving too short)
+    tested_429: int = 0
     breaker_opened: int = 0  # times the breaker opened without a success since
     half_open: bool = False
     banned_until: float = -math.inf
@@ -93,8 +107,15 @@ class PairState:
         """When its cooldown and ban are both over."""
         return max(self.cooldown_until, self.banned_until)
 
+    def answer_gate(self) -> float:
+        """Until when the pair waits for its previous answer (-inf: it does not)."""
+        if self.answer_wait and self.in_flight:
+            return self.last_admit + self.bucket.interval + self.answer_wait
+        return -math.inf
+
     def ready_at(self, now: float) -> float:
-        return max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until)
+        return max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until,
+                   self.answer_gate())
 
     def usable(self, now: float) -> bool:
         """Not banned, breaker not open: it could serve (perhaps after its token)."""
@@ -110,10 +131,14 @@ class PairState:
         """Pace at ``rate`` with ``margin`` added to each interval (rule 1)."""
         bucket = self.bucket
         if rate != bucket.rate or margin != bucket.margin:
-            slower = rate < bucket.rate
+            before = bucket.interval
             bucket.set_rate(rate, margin=margin)
-            if slower:  # the next request one new interval after the last, not sooner
+            # the next request one new interval after the last: not sooner when slower,
+            # not an old interval later when faster (a probe starts at once)
+            if bucket.interval > before:
                 bucket.arrived(self.last_admit)
+            elif math.isfinite(bucket.tat):
+                bucket.tat -= before - bucket.interval
 
     def admitted(self, now: float) -> None:
         self.last_admit = now
@@ -134,13 +159,25 @@ class PairState:
             self.spread = late[int(0.9 * (len(late) - 1))]
         self.bucket.arrived(now - self.arrival_slack)
 
-    def rate_limited(self, now: float, until: float, *, breaker_after: int,
-                     breaker_cooldown: float) -> float | None:
-        """A 429: cool down until ``until`` at least (rules 3, 4). Returns when the
-        breaker this opened closes, or None when it did not open."""
+    def rate_limited(self, now: float, retry_after: float, *, admitted_at: float | None,
+                     stretch: float, breaker_after: int, breaker_cooldown: float
+                     ) -> float | None:
+        """A 429 to a request admitted at ``admitted_at`` (None: not known): cool down
+        for ``retry_after`` times ``stretch`` (the jitter) at least (rules 3, 4). Returns
+        when the breaker this opened closes, or None when it did not open."""
         self.streak_429 += 1
+        # a 429 to a request sent after the last cooldown ended says that cooldown was
+        # too short; one sent before it (in flight with the first) is the same event
+        if admitted_at is None or admitted_at >= self.cooldown_until:
+            self.tested_429 += 1
+        # a Retry-After that keeps proving too short (a window limit answering "1" until
+        # its window ends) doubles from the second such 429 in a row, before any breaker
+        wait = retry_after
+        if admitted_at is not None:
+            wait *= 2 ** max(0, self.tested_429 - 1)
+        until = now + wait * stretch
         opened = None
-        if self.half_open or self.streak_429 >= breaker_after:
+        if self.half_open or self.tested_429 >= breaker_after:
             self.breaker_opened += 1
             self.half_open = True
             hold = breaker_cooldown * 2 ** (self.breaker_opened - 1)
@@ -167,7 +204,7 @@ class PairState:
 
     def succeeded(self, now: float) -> bool:
         """A clean answer (rule 6); whether it was a half-open pair's probe."""
-        self.streak_429 = 0
+        self.streak_429 = self.tested_429 = 0
         self.last_success = now
         probe = self.half_open
         if self.half_open or self.breaker_opened or self.bans:
