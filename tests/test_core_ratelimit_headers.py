@@ -414,3 +414,37 @@ def test_a_window_is_learned_the_first_time_it_resets(epoch):
     stated = parse_ratelimit({"RateLimit-Policy": "10;w=5", "RateLimit-Remaining": "3"},
                              now=now)
     assert windows.rate("pair", stated) == pytest.approx(2.0)  # a stated policy wins
+
+
+def test_an_epoch_reset_reads_a_window_up_to_a_second_long_and_the_shortest_reading_wins():
+    from scrapy_exitlimit.core.ratelimit_headers import QuotaWindows
+
+    windows = QuotaWindows()
+
+    def opened_at(at: float, window: float = 1.0, latency: float = 0.003) -> float | None:
+        # 4 per 1 s; the opening request's answer, its window's end as a whole epoch second
+        end = math.ceil(at + window)
+        return windows.rate("pair", parse_ratelimit(_x_headers(4, 3, end), now=at + latency))
+
+    # opened at .1 of a second: its end, 1.1 s later, states 2 s away: read as 1.897 s
+    assert opened_at(1_700_000_000.1) == pytest.approx(2.0)  # half the limit, safe side
+    assert opened_at(1_700_000_001.7) == pytest.approx(4.0)  # read as 1.297 s: 1 s
+    assert windows.windows["pair"] == 1.0
+    assert opened_at(1_700_000_003.05) == pytest.approx(4.0)  # a longer reading: kept 1 s
+
+
+def test_a_reordered_answer_within_a_window_is_not_read_as_its_opening():
+    from scrapy_exitlimit.core.ratelimit_headers import QuotaWindows
+
+    windows = QuotaWindows()
+    now = 1_700_000_000.0
+
+    def rate(remaining, reset):
+        return windows.rate("pair", parse_ratelimit(_x_headers(60, remaining, reset), now=now))
+
+    assert rate(58, 30) is None  # not the opening answer: no reading
+    assert rate(57, 29) is None
+    # an earlier request's answer came late: remaining up, reset up by a second
+    assert rate(59 - 1, 30) is None and "pair" not in windows.windows
+    assert rate(20, 2) is None
+    assert rate(50, 30) == pytest.approx(2.0)  # remaining and reset both jumped: it opened

@@ -102,29 +102,41 @@ class QuotaWindows:
     ``X-RateLimit-Limit`` with ``-Remaining`` and ``-Reset`` (seconds or an epoch,
     both seen in the wild; ``parse_ratelimit`` makes either a delta) says how many
     requests a window allows and when it ends, not how long it is. The length shows
-    the first time a window resets: ``remaining`` jumps back up, and ``reset`` then
-    counts down from a full window. From then on the rate is ``limit / window``.
+    when a window opens: the answer to the request that opened it (``remaining`` is
+    ``limit - 1``, or it jumped back up while ``reset`` moved more than a second
+    later) states a reset one full window away. Resets come in whole seconds: a
+    delta rounded up, or the window's end as an epoch second, rounded up too, so one
+    reading is the window plus up to a second (``ceil`` of it would read a 1 s window
+    as 2 s and pace at half the limit). Each window opens at another fraction of a
+    second, so the shortest reading so far, to the nearest whole second, is the
+    window; from then on the rate is ``limit / window``. A reading that was still too
+    short costs a 429 at the stated rate, and the limiter then stops trusting it.
     One per key (a pair, or a scope); plain arithmetic, no clock of its own.
     """
 
-    __slots__ = ("_last", "windows")
+    __slots__ = ("_last", "_shortest", "windows")
 
     def __init__(self) -> None:
-        self._last: dict[Any, float] = {}  # key -> remaining at the previous answer
+        # key -> (remaining, reset) at the previous answer
+        self._last: dict[Any, tuple[float, float]] = {}
+        self._shortest: dict[Any, float] = {}  # key -> the shortest window reading
         self.windows: dict[Any, float] = {}
 
     def rate(self, key: Any, quota: Quota) -> float | None:
-        """The rate ``quota`` states, or the one its window has shown, or None."""
+        """The rate ``quota`` states, or the one its windows have shown, or None."""
         if quota.rate is not None:
             return quota.rate
         if quota.limit is None or quota.remaining is None or quota.reset is None:
             return None
-        window = self.windows.get(key)
         previous = self._last.get(key)
-        self._last[key] = quota.remaining
-        if window is None and previous is not None and quota.remaining > previous \
-                and quota.reset > 0:
-            window = self.windows[key] = math.ceil(quota.reset)  # reset shown in whole seconds
+        self._last[key] = (quota.remaining, quota.reset)
+        opened = quota.remaining >= quota.limit - 1 or (
+            previous is not None and quota.remaining > previous[0]
+            and quota.reset > previous[1] + 1.0)
+        if opened and quota.reset > 0 and quota.reset < self._shortest.get(key, math.inf):
+            self._shortest[key] = quota.reset
+            self.windows[key] = float(round(quota.reset)) or quota.reset
+        window = self.windows.get(key)
         if window is None or not quota.limit > 0:
             return None
         return _finite(quota.limit / window)
