@@ -416,21 +416,45 @@ def test_a_window_is_learned_the_first_time_it_resets(epoch):
     assert windows.rate("pair", stated) == pytest.approx(2.0)  # a stated policy wins
 
 
-def test_an_epoch_reset_reads_a_window_up_to_a_second_long_and_the_shortest_reading_wins():
+def test_an_epoch_reset_reads_the_whole_seconds_of_its_window_however_late_in_a_second():
+    from scrapy_exitlimit.core.ratelimit_headers import QuotaWindows
+
+    def reading(at: float, window: float, latency: float = 0.004) -> float | None:
+        # 4 per window; the answer to the request that opened it (at, server time; half
+        # the latency each way), the window's end stated as a whole epoch second
+        windows = QuotaWindows()
+        end = math.ceil(at + window)
+        now = at + latency / 2
+        quota = parse_ratelimit(_x_headers(4, 3, end), now=now)
+        assert windows.rate("pair", quota, latency) is not None
+        return windows.windows["pair"]
+
+    base = 1_700_000_000.0
+    for frac in (0.0, 0.003, 0.1, 0.5, 0.9, 0.997):  # where in its second it opened
+        for window in (1.0, 5.0, 60.0):
+            # ceil(reset) would read 2, 6 and 61 s for all but a window opening on the second
+            assert reading(base + frac, window) == window, (frac, window)
+    # a window opening within the request's way there after a second began reads a
+    # second long (the safe side); a later window, opening elsewhere, reads it right
+    assert reading(base + 0.001, 1.0) == 2.0
+    assert QuotaWindows().rate("pair", parse_ratelimit(_x_headers(4, 3, 1), now=base),
+                               0.003) == pytest.approx(4.0)  # a delta of 1 s: 1 s
+
+
+def test_the_shortest_reading_is_the_window():
     from scrapy_exitlimit.core.ratelimit_headers import QuotaWindows
 
     windows = QuotaWindows()
+    now = 1_700_000_000.0
 
-    def opened_at(at: float, window: float = 1.0, latency: float = 0.003) -> float | None:
-        # 4 per 1 s; the opening request's answer, its window's end as a whole epoch second
-        end = math.ceil(at + window)
-        return windows.rate("pair", parse_ratelimit(_x_headers(4, 3, end), now=at + latency))
+    def opened(reset, latency):
+        return windows.rate("pair", parse_ratelimit(_x_headers(60, 59, reset), now=now),
+                            latency)
 
-    # opened at .1 of a second: its end, 1.1 s later, states 2 s away: read as 1.897 s
-    assert opened_at(1_700_000_000.1) == pytest.approx(2.0)  # half the limit, safe side
-    assert opened_at(1_700_000_001.7) == pytest.approx(4.0)  # read as 1.297 s: 1 s
-    assert windows.windows["pair"] == 1.0
-    assert opened_at(1_700_000_003.05) == pytest.approx(4.0)  # a longer reading: kept 1 s
+    assert opened(30.9, 0.2) == pytest.approx(60 / 31)  # 31.1: 31 s (at most that)
+    assert opened(30.0, 0.01) == pytest.approx(2.0)  # 30 s
+    assert opened(30.9, 0.01) == pytest.approx(2.0)  # a longer reading changes nothing
+    assert windows.windows["pair"] == 30.0
 
 
 def test_a_reordered_answer_within_a_window_is_not_read_as_its_opening():
