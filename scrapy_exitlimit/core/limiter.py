@@ -723,16 +723,22 @@ class Limiter:
         events.append(Event("cooldown", origin, exit_id, f"{pair.cooldown_until - now:.2f}s"))
         if lease is None:
             return events
-        stated = pair.learning.announced
+        learning = pair.learning
+        stated = learning.announced
         if stated is not None and lease.rate <= stated * (1 + 1e-9):
             # a 429 at or under what the server stated: the statement is wrong for this
-            # pair until it changes; learning takes over from it
-            pair.learning.announced, pair.learning.distrusted = None, stated
+            # pair until it changes. Learning takes over where it stood without it: the
+            # pool's rate, one scout probing for every exit (each pair bisecting from the
+            # stated rate on its own drew 429s on every exit), or the configured rate.
+            learning.announced, learning.distrusted = None, stated
+            learning.distrusted_at = now
             configured = self.limits.pair(origin, exit_id).rate
-            pair.own = (self._fixed_estimate(configured) if configured is not None else
-                        RateEstimate(stated, floor=t.min_rate, ceiling=t.max_rate))
+            pair.own = self._fixed_estimate(configured) if configured is not None else None
             events.append(Event("announcement_wrong", origin, exit_id,
                                 f"429 at {lease.rate:.3g} r/s, stated {stated:.3g}"))
+            return events
+        if lease.admitted_at <= learning.distrusted_at:
+            return events  # sent at the stated pace: the 429 that found it wrong said it all
         events += ostate.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             admitted_at=lease.admitted_at, now=now, slack=pair.bucket.margin + pair.spread,
