@@ -382,7 +382,7 @@ class ExitLimitMiddleware:
             events += self.backend.success(lease, latency)
             quota = parse_ratelimit(response.headers, now=time.time())
             if quota is not None:
-                rate = self.quota_windows.rate((lease.origin, lease.pair), quota)
+                rate = self.quota_windows.rate((lease.origin, lease.pair), quota, latency)
                 events += self.backend.announced(lease, rate, quota.remaining, quota.reset)
         elif signal is Signal.BANNED:
             events += self.backend.banned(lease)

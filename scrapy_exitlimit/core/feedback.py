@@ -32,13 +32,12 @@ from typing import TYPE_CHECKING
 
 from .changes import ExitEvicted, Feedback, Hold, LearningChanged, OriginHeld, PairHeld
 from .events import Event, EventKind
-from .learning import RateEstimate
 from .leases import Lease
 from .origin import OriginState
 from .pair import PairState
 from .pool import ExitPool
 from .state import StateTable
-from .stated import contradicted, rate_stated
+from .stated import contradicted, rate_stated, sent_at_stated_pace
 from .views import usable
 
 if TYPE_CHECKING:
@@ -114,14 +113,15 @@ class FeedbackLaws:
         out.changes.append(self._held(origin, exit_id, pair, Hold.COOLDOWN))
         if lease is None:
             return out
-        stated = contradicted(pair, lease.rate)
-        if stated is not None:  # learning takes over from the statement
-            configured = self.state.configured_limit(origin, exit_id)
-            pair.own_limit = (configured if configured is not None else
-                              RateEstimate(stated, floor=t.min_rate, ceiling=t.max_rate))
+        stated = contradicted(pair, lease.rate, now)
+        if stated is not None:  # learning takes over where it stood without it
+            pair.own_limit = self.state.configured_limit(origin, exit_id)
             self._learned(out, origin, [Event(
                 EventKind.ANNOUNCEMENT_WRONG, origin, exit_id,
                 f"429 at {lease.rate:.3g} r/s, stated {stated:.3g}")])
+            return out
+        if sent_at_stated_pace(pair, lease.admitted_at):
+            return out  # the 429 that found the statement wrong said it all
         self._learned(out, origin, origin_state.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             admitted_at=lease.admitted_at, now=now, slack=pair.bucket.margin + pair.spread,

@@ -95,6 +95,7 @@ class PairLearning:
     #: (ignored until the headers say something else)
     announced: float | None = None
     distrusted: float | None = None
+    distrusted_at: float = -math.inf  # when a 429 contradicted the statement
 
 
 @dataclass

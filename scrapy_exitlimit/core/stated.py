@@ -6,9 +6,12 @@ Headers are a hint, answers the truth:
    which stays a ceiling) becomes the pair's own limit, with no probing above it.
 2. An exhausted quota (remaining < 1) holds the pair until the reset, so the
    429 never comes.
-3. A 429 at or under the stated rate proves the statement wrong for this pair:
-   learning takes over from it (from the configured rate when there is one),
-   and the statement is ignored until the headers say something else.
+3. A 429 at or under the stated rate proves the statement wrong for this pair,
+   and it is ignored until the headers say something else. Learning takes over
+   where it stood without it: the pool's rate (one scout probing for every exit;
+   each pair bisecting from the stated rate on its own drew 429s on every exit),
+   or the configured rate. 429s to requests sent before, at the stated pace,
+   teach nothing more.
 """
 
 from __future__ import annotations
@@ -30,11 +33,18 @@ def rate_stated(pair: PairState, rate: float, *, min_rate: float, max_rate: floa
     return rate
 
 
-def contradicted(pair: PairState, admitted_rate: float) -> float | None:
+def contradicted(pair: PairState, admitted_rate: float, now: float) -> float | None:
     """Rule 3: a 429 to a request admitted at ``admitted_rate``. Returns the statement
     it proved wrong (the caller gives the pair its limit back), or None."""
-    stated = pair.learning.announced
+    learning = pair.learning
+    stated = learning.announced
     if stated is None or admitted_rate > stated * (1 + 1e-9):
         return None
-    pair.learning.announced, pair.learning.distrusted = None, stated
+    learning.announced, learning.distrusted = None, stated
+    learning.distrusted_at = now
     return stated
+
+
+def sent_at_stated_pace(pair: PairState, admitted_at: float) -> bool:
+    """Rule 3: a request sent before its statement was found wrong."""
+    return admitted_at <= pair.learning.distrusted_at
