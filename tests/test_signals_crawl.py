@@ -60,11 +60,11 @@ async def test_a_policy_overstating_the_limit_gives_way_to_the_answers():
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 80 and not crawler.spider.failed
     assert stats["exitlimit/announcement_wrong"] == 4  # once per pair, then ignored
-    pairs = middleware(crawler).limiter.origin_state(crawler.origin).pairs.values()
+    pairs = middleware(crawler).backend.limiter.origin_state(crawler.origin).pairs.values()
     assert all(p.learning.announced is None and p.learning.distrusted == 20.0 for p in pairs)
     # every pair back on the pool's rate, found by one scout for all: 8 429s of 88
     # requests here (each pair bisecting down from 20 r/s alone drew 16 of 96)
-    assert all(p.own is None for p in pairs)
+    assert all(p.own_limit is None for p in pairs)
     assert share_429(lab) <= 0.12
 
 
@@ -90,7 +90,7 @@ async def test_a_fixed_window_stated_in_x_ratelimit_headers_paces_the_crawl(form
     # the pair paces at limit / window from then on (an epoch reset, a whole second,
     # reads a 1 s window as up to 2 s; the shortest reading, rounded, is the window)
     assert crawler.stats.get_value("exitlimit/rate_announced") >= 2
-    pairs = middleware(crawler).limiter.origin_state(crawler.origin).pairs.values()
+    pairs = middleware(crawler).backend.limiter.origin_state(crawler.origin).pairs.values()
     assert [p.learning.announced for p in pairs] == [4.0, 4.0]
     assert lab.origin.total(429) <= 4
     # 8 r/s for 48 pages; at half the limit (a 2 s reading kept) it would take 6 s more
