@@ -22,16 +22,11 @@ What the sequences keep to, and why:
   503s (the 503 budget is the core's: the script carries its rate and a stated pause).
 - A pair's third and later answers are released unanswered: latency statistics would
   add a margin (and an arrival slack) that is not a multiple of 1/64 s.
-- The core starts a new pace one new interval after the pair's last admission
-  (``pair.py`` rule 1): later when slower, at once when faster; the script keeps the
-  schedule it has (``test_a_faster_pace_starts_at_once_on_both_sides`` shows the
-  faster case, expected to fail until the script does it too). With a burst above 1
-  the widened tolerance keeps a slower pace's next token past that point anyway,
-  except that the script widens lazily from the tolerance it stored at the pair's
-  last admission, so a release or a hold in between lands differently. So rates only
-  drop, only with a burst of 1, and only where the core's re-anchor moves nothing
-  (the pair's next token is already at least one new interval after its last
-  admission).
+- A new pace starts one new interval after the pair's last admission on both sides
+  (``pair.py`` rule 1 and the script's stored interval): later when slower, at once
+  when faster. With a burst above 1 the script widens the tolerance lazily, from the
+  value it stored at the pair's last admission, so a release or a hold in between lands
+  differently: stated rates change only with a burst of 1.
 - No bans: the script holds a banned pair's bucket until the ban ends (as for a
   cooldown), the core does not, so after the ban the script ranks the pair as just
   used and the core as the one that waited longest.
@@ -123,7 +118,6 @@ class Run:
     pool: Pool
     prefix: str
     now: float = START
-    raises: bool = False  # rates may rise (see the module docstring)
     core: Limiter = field(init=False)
     #: core lease id -> the script's token for the same lease
     tokens: dict[int, str] = field(default_factory=dict)
@@ -240,7 +234,6 @@ class Run:
             return
         core, pool = self.core, self.pool
         lease = self.leases.pop(pick % len(self.leases))
-        pair = core.pair_state(ORIGIN, lease.exit_id)
         if kind == "ok":
             self.replicate(core.success(lease, self.now - lease.admitted_at))
         elif kind == "429":
@@ -251,11 +244,8 @@ class Run:
         self.release(lease, answered)
         if kind == "rate" and pool.burst == 1:
             rate = min(rate, pool.rate)
-            paced = pair.own_limit.target() if pair.own_limit is not None else pool.rate
-            # a drop, where the core's re-anchor moves nothing the script would not
-            if ((rate <= paced or self.raises)
-                    and pair.bucket.tat >= pair.last_admit + 1 / rate - EPS):
-                self.replicate(core.announced(lease, rate, None, None))
+            # up or down: both sides start the new pace one new interval after the last
+            self.replicate(core.announced(lease, rate, None, None))
 
     def release(self, lease: Lease, answered: bool) -> None:
         core = self.core
@@ -283,8 +273,8 @@ SETTINGS = settings(max_examples=150, deadline=None,
                                            HealthCheck.too_slow])
 
 
-def drive(client, lua: str, pool: Pool, sequence: list, raises: bool = False) -> Run:
-    run = Run(client, client.register_script(lua), pool, f"diff{next(RUNS)}", raises=raises)
+def drive(client, lua: str, pool: Pool, sequence: list) -> Run:
+    run = Run(client, client.register_script(lua), pool, f"diff{next(RUNS)}")
     for step in sequence:
         if step[0] == "admit":
             run.admit(step[1])
@@ -304,17 +294,44 @@ def test_the_script_and_the_core_grant_alike(client, pool, sequence):
     drive(client, script_on_test_clock(SCRIPT), pool, sequence)
 
 
-@pytest.mark.xfail(strict=True, reason="a faster pace starts at once in the core (pair.py "
-                   "rule 1), the script keeps its schedule: mirror it in exitlimit.lua (which "
-                   "then needs the pair's interval stored), then let the sequences raise rates")
-def test_a_faster_pace_starts_at_once_on_both_sides(client):
-    pool = Pool(exits=1, rate=16.0, burst=1, concurrency=1, origin_rate=None, origin_burst=1,
+#: a pace that changes between two admissions, each way
+PACE_CHANGES = {
+    "faster": [("admit", 1), ("wait", 0.5), ("answer", 0, "rate", 0.0, 2.0),  # slower, rested
+               ("wait", 0.0625), ("admit", 1),  # on the slower pace
+               ("answer", 0, "rate", 0.0, 8.0),  # faster: the next token 1/8 s on, not 1/2
+               ("admit", 1)],
+    "slower": [("admit", 1), ("wait", 0.0625), ("answer", 0, "rate", 0.0, 8.0),
+               ("wait", 0.125), ("admit", 1),  # on the 8 r/s pace
+               ("answer", 0, "rate", 0.0, 2.0),  # slower: the next token 1/2 s on, not 1/8
+               ("wait", 0.25), ("admit", 1)],
+}
+#: the script's line for each pace change, changed to keep the old schedule
+PACE_MUTANTS = {
+    "faster": ("        c[i].tat = c[i].tat - (old_ivl - c[i].interval)",
+               "        c[i].tat = c[i].tat"),
+    "slower": ("        c[i].tat = math.max(c[i].tat, c[i].last + c[i].interval)",
+               "        c[i].tat = c[i].tat"),
+}
+
+
+def pace_pool() -> Pool:
+    return Pool(exits=1, rate=16.0, burst=1, concurrency=1, origin_rate=None, origin_burst=1,
                 breaker_after=4, breaker_cooldown=0.5)
-    drive(client, script_on_test_clock(SCRIPT), pool, [
-        ("admit", 1), ("wait", 0.5), ("answer", 0, "rate", 0.0, 2.0),  # slower, rested
-        ("wait", 0.0625), ("admit", 1),  # on the slower pace
-        ("answer", 0, "rate", 0.0, 8.0),  # faster: the core's next token 1/8 s on, not 1/2
-        ("admit", 1)], raises=True)
+
+
+@pytest.mark.parametrize("change", sorted(PACE_CHANGES))
+def test_a_new_pace_starts_one_new_interval_after_the_last_on_both_sides(client, change):
+    drive(client, script_on_test_clock(SCRIPT), pace_pool(), PACE_CHANGES[change])
+
+
+@pytest.mark.parametrize("change", sorted(PACE_MUTANTS))
+def test_a_script_that_keeps_the_old_schedule_fails_it(client, change):
+    line, changed = PACE_MUTANTS[change]
+    lua = script_on_test_clock(SCRIPT)
+    assert lua.count(line + "\n") == 1
+    with pytest.raises(AssertionError):
+        drive(client, lua.replace(line + "\n", changed + "\n"), pace_pool(),
+              PACE_CHANGES[change])
 
 
 # -- the test can fail: a one-line change to either side's token arithmetic fails it ----
