@@ -98,83 +98,39 @@ class PairLearning:
     distrusted_at: float = -math.inf  # when a 429 contradicted the statement
 
 
-@dataclass
-class OriginLearner:
-    pool: RateEstimate
+@dataclass(kw_only=True)
+class SharedRateLearner:
+    """The rate of a key every exit shares, learned from 429s that follow it across
+    exits: the origin as a whole (the site rate, rule 4) or a named scope (an account,
+    an API key). Holds the traffic it is judged by (admissions and answers over the
+    last seconds) and the ``site`` estimate once 429s point at the key."""
+
     min_rate: float
     max_rate: float
-    #: an exit's pair learning, when the pair exists
-    learning_of: Callable[[str], PairLearning | None]
-    #: the site's rate once 429s point at the origin as a whole (or a configured one)
+    #: what the events say: ``site`` (site_limited, site_rate_up, ...) or ``scope``
+    kind: str = "site"
+    #: the key's rate once 429s point at it as a whole (or a configured one)
     site: RateEstimate | None = None
-    #: a configured EXITLIMIT_ORIGIN_RATE: the site rate never goes above it
+    #: a configured rate: the learned one never goes above it
     site_ceiling: float | None = None
-    scout: str | None = None
-    scout_since: float = -math.inf
-    #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
-    suspect: str | None = None
-    suspect_rate: float = math.inf
-    #: recent 429s that may point at the site: (time, exit, surely)
+    #: recent 429s that may point at the key: (time, exit, surely)
     site_blame: deque[tuple[float, str, bool]] = field(default_factory=deque)
-    #: recent 429s at the pool's pace that the pairs' spacing explains: (time, exit)
-    pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
     #: answers over the last two seconds: (time, admitted at, clean)
     answers: deque[tuple[float, float, bool]] = field(default_factory=deque)
     #: when clean answers came, over the last SITE_MEMORY seconds
     clean_times: deque[float] = field(default_factory=deque)
-    #: admissions over the last two seconds: (time, exit), the origin's actual rate
+    #: admissions over the last two seconds: (time, exit), the key's actual rate
     admissions: deque[tuple[float, str]] = field(default_factory=deque)
     first_admission: float = math.inf
     site_confirmations: int = 0
-    site_gaps: float = 0.0  # the summed origin gaps of those confirmations
+    site_gaps: float = 0.0  # the summed gaps of those confirmations
     site_decreased: float = -math.inf
-    site_streak: int = 0  # site decreases, each within a second of the last
-    last_tick: float = -math.inf
-
-    # -- what to pace at -----------------------------------------------------
-    def pair_rate(self, exit_id: str, pl: PairLearning) -> float:
-        if pl.own is not None:
-            return pl.own.target()  # its own limit: it probes for itself
-        if self.scout == exit_id:
-            return self.pool.target()
-        return self.pool.lo
-
-    def holds(self, exit_id: str, pl: PairLearning, sent_before: bool) -> bool:
-        """Discovery: while the start rate is unproven, only the scout sends twice."""
-        return (not self.pool.proven and sent_before and pl.own is None
-                and self.scout is not None and self.scout != exit_id)
+    site_streak: int = 0  # decreases, each within a second of the last
 
     def site_rate(self) -> float | None:
         if self.site is None:
             return self.site_ceiling
         return self.site.target()
-
-    def near_limit(self, pl: PairLearning) -> bool:
-        """Whether a limit is known close by: then pacing allows for arrival jitter."""
-        est = pl.own if pl.own is not None else self.pool
-        return est.hi is not None or est.ceiling < self.max_rate
-
-    # -- admission -------------------------------------------------------------
-    def granted(self, exit_id: str, pl: PairLearning, now: float) -> bool:
-        """An admission on ``exit_id``; True when it made the exit the scout."""
-        if not self.admissions and self.first_admission == math.inf:
-            self.first_admission = now
-        self.admissions.append((now, exit_id))
-        while now - self.admissions[0][0] > 2.0:
-            self.admissions.popleft()
-        if self.scout is None and self.may_scout(pl, now) and (
-                self.pool.target() > self.pool.lo or not self.pool.proven):
-            self.scout, self.scout_since = exit_id, now
-            pl.confirmations, pl.confirmed_rate = 0, math.inf
-            return True
-        return False
-
-    @staticmethod
-    def may_scout(pl: PairLearning, now: float) -> bool:
-        """A scout probes for the pool: not an exit with a limit of its own, nor one that
-        drew a 429 lately (in a mixed pool, the slow exits; a probe there says nothing
-        about the others)."""
-        return pl.own is None and now - pl.last_429 > SCOUT_QUIET
 
     def admitted_rate(self, now: float, window: float = 1.0, least: float = 0.1) -> float:
         """Requests/s admitted for the origin over the last ``window`` seconds (over
@@ -206,25 +162,6 @@ class OriginLearner:
         """Exits admitted for the origin over the last two seconds."""
         return len({exit_id for _, exit_id in self.admissions})
 
-    def tick(self, now: float, pairs: Iterable[PairLearning]) -> None:
-        """Time-driven parts: ceilings drift, a stuck scout hands its probe on."""
-        elapsed = now - self.last_tick
-        if elapsed < 1.0:
-            return
-        self.last_tick = now
-        if math.isfinite(elapsed):
-            self.pool.drift(elapsed)
-            if self.site is not None:
-                self.site.drift(elapsed)
-            for pl in pairs:
-                if pl.own is not None:
-                    pl.own.drift(elapsed)
-        if self.scout is not None:
-            patience = SCOUT_PATIENCE / max(self.pool.target(), 1e-9)
-            if now - self.scout_since > max(patience, 2.0):
-                self.scout = None
-
-    # -- feedback ----------------------------------------------------------------
     def _answered(self, now: float, admitted_at: float, clean: bool) -> None:
         answers = self.answers
         answers.append((now, admitted_at, clean))
@@ -236,6 +173,205 @@ class OriginLearner:
             while now - times[0] > SITE_MEMORY:
                 times.popleft()
 
+    def _confirm_site(self, origin: str, site_gap: float, admitted_at: float,
+                      now: float) -> list[Event]:
+        """Clean answers while the budget paced the origin at the site's probe rate:
+        SITE_CONFIRMATIONS of them, sent at 90 % of that pace or more, confirm it."""
+        site = self.site
+        if site is None or site.converged or admitted_at < site.changed_at:
+            return []
+        self.site_confirmations += 1
+        self.site_gaps += site_gap
+        if self.site_confirmations < SITE_CONFIRMATIONS:
+            return []
+        pace = self.site_confirmations / self.site_gaps
+        self.site_confirmations, self.site_gaps = 0, 0.0
+        target = site.target()
+        if pace < 0.9 * target:
+            return []  # demand, not the budget, set the pace: nothing learned
+        before = site.lo
+        site.confirmed(min(pace, target), now)  # what really ran clean
+        if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
+            self.site = None  # no site limit left to respect
+            return [Event(f"{self.kind}_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
+        return [Event(f"{self.kind}_rate_up", origin, None, f"{before:.3g} -> {site.lo:.3g} r/s")]
+
+    def _site_evidence(self, origin: str, exit_id: str, admitted_at: float, now: float,
+                       sure: bool) -> list[Event]:
+        """A 429 the pair's own spacing does not explain: the site, once two exits agree
+        (``sure``: it came later after the pair's last clean request than a clean one
+        did), or AMBIGUOUS_EXITS (it came as late as clean ones: arrival jitter at the
+        pair's own limit does that too, now and then)."""
+        blame = self._recent(self.site_blame, (now, exit_id, sure))
+        spread = len({e for _, e, _ in blame})
+        surely = len({e for _, e, is_sure in blame if is_sure})
+        active = self.active_exits(now)
+        # (once the site is known to be limited, such a 429 is its rate's doing)
+        if self.site is None and surely < min(2, active) and \
+                spread < min(AMBIGUOUS_EXITS, active):
+            return []
+        return self._site_limited(origin, spread, admitted_at, now)
+
+    def _site_limited(self, origin: str, spread: int, admitted_at: float, now: float
+                      ) -> list[Event]:
+        """The origin is limited as a whole: the site rate starts (or goes) where the
+        site actually took requests, once per congestion event (its probe's
+        confirmations were reset by the 429 that brought us here)."""
+        site = self.site
+        if site is None:
+            # early in a crawl these are counts over a fraction of a second: read them
+            # as per whole second, or the first burst (one request per exit) would pass
+            # for a rate the site never took
+            offered = self.admitted_rate(now, least=1.0)
+            accepted = self.accepted_rate(now, least=1.0)
+            top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
+            # where the site took requests, but never under half what was sent
+            start = max(accepted, offered / 2, self.min_rate)
+            site = self.site = RateEstimate(min(start, top), floor=self.min_rate, ceiling=top)
+            if now - self.first_admission >= 1.0:  # (the first burst tells no rate)
+                site.hi = site.seen = max(offered, site.lo)
+            site.changed_at = now
+            return [Event(f"{self.kind}_limited", origin, None,
+                          f"429s on {spread} exits: the site takes {site.lo:.3g} r/s "
+                          f"of {offered:.3g}")]
+        if admitted_at < site.changed_at:
+            return []
+        before, since = site.lo, site.changed_at
+        # the budget's pace drew it (a strict site counts the spacing of arrivals);
+        # decreases that follow each other within a second come harder
+        target = site.target()
+        self.site_streak = self.site_streak + 1 if now - self.site_decreased < 1.0 else 1
+        self.site_decreased = now
+        site.rejected(target, now, self.site_streak)
+        # the share the site took of what the budget sent since the last change: where
+        # the limit now is
+        share = self.clean_share(since)
+        if share is not None and target * share < site.lo:
+            site.lo = max(target * share, site.lo * 0.5, site.floor)
+        # ... but not under what it took over the last SITE_MEMORY seconds: a limit
+        # counted over a window (N per minute) refuses for the rest of its window
+        # whatever the pace, and must not walk the site rate down to the floor
+        took = self._clean_rate(now, SITE_MEMORY)
+        assert site.hi is not None
+        site.lo = max(site.lo, min(took, site.hi * backoff(1)))
+        return [Event(f"{self.kind}_rate_down", origin, None,
+                      f"{before:.3g} -> {site.lo:.3g} r/s, ceiling {site.hi:.3g}")]
+
+    def _recent(self, blame: deque, entry: tuple) -> deque:
+        """``blame`` with ``entry`` (time first) added and what is older than the window
+        taken out: SITE_WINDOW, or two of the pool's intervals when that is longer."""
+        blame.append(entry)
+        now = entry[0]
+        window = self._blame_window()
+        while now - blame[0][0] > window:
+            blame.popleft()
+        return blame
+
+    def _blame_window(self) -> float:
+        return SITE_WINDOW
+
+    def admitted(self, exit_id: str, now: float) -> None:
+        """An admission for the key, on ``exit_id``."""
+        if not self.admissions and self.first_admission == math.inf:
+            self.first_admission = now
+        self.admissions.append((now, exit_id))
+        while now - self.admissions[0][0] > 2.0:
+            self.admissions.popleft()
+
+    def drift(self, elapsed: float) -> None:
+        if self.site is not None:
+            self.site.drift(elapsed)
+
+    # -- a named scope's feedback (the origin's goes through OriginLearner) ------------
+    def scope_succeeded(self, label: str, gap: float, admitted_at: float, now: float
+                        ) -> list[Event]:
+        """A clean answer to a request admitted ``gap`` after the key's previous one."""
+        self._answered(now, admitted_at, True)
+        return self._confirm_site(label, gap, admitted_at, now) if self.site is not None \
+            else []
+
+    def scope_refused(self, now: float, admitted_at: float) -> None:
+        """A 429 to a request the key admitted: no probe of its rate is clean now."""
+        self._answered(now, admitted_at, False)
+        self.site_confirmations, self.site_gaps = 0, 0.0
+
+    def scope_evidence(self, label: str, exit_id: str, admitted_at: float, now: float,
+                       sure: bool) -> list[Event]:
+        """A 429 its pair's spacing does not explain, on a request that needed this key."""
+        return self._site_evidence(label, exit_id, admitted_at, now, sure)
+
+
+@dataclass(kw_only=True)
+class OriginLearner(SharedRateLearner):
+    pool: RateEstimate
+    #: an exit's pair learning, when the pair exists
+    learning_of: Callable[[str], PairLearning | None]
+    scout: str | None = None
+    scout_since: float = -math.inf
+    #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
+    suspect: str | None = None
+    suspect_rate: float = math.inf
+    #: recent 429s at the pool's pace that the pairs' spacing explains: (time, exit)
+    pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
+    last_tick: float = -math.inf
+
+    def _blame_window(self) -> float:
+        return max(SITE_WINDOW, 2.0 / self.pool.lo)
+
+    # -- what to pace at -----------------------------------------------------
+    def pair_rate(self, exit_id: str, pl: PairLearning) -> float:
+        if pl.own is not None:
+            return pl.own.target()  # its own limit: it probes for itself
+        if self.scout == exit_id:
+            return self.pool.target()
+        return self.pool.lo
+
+    def holds(self, exit_id: str, pl: PairLearning, sent_before: bool) -> bool:
+        """Discovery: while the start rate is unproven, only the scout sends twice."""
+        return (not self.pool.proven and sent_before and pl.own is None
+                and self.scout is not None and self.scout != exit_id)
+
+    def near_limit(self, pl: PairLearning) -> bool:
+        """Whether a limit is known close by: then pacing allows for arrival jitter."""
+        est = pl.own if pl.own is not None else self.pool
+        return est.hi is not None or est.ceiling < self.max_rate
+
+    # -- admission -------------------------------------------------------------
+    def granted(self, exit_id: str, pl: PairLearning, now: float) -> bool:
+        """An admission on ``exit_id``; True when it made the exit the scout."""
+        self.admitted(exit_id, now)
+        if self.scout is None and self.may_scout(pl, now) and (
+                self.pool.target() > self.pool.lo or not self.pool.proven):
+            self.scout, self.scout_since = exit_id, now
+            pl.confirmations, pl.confirmed_rate = 0, math.inf
+            return True
+        return False
+
+    @staticmethod
+    def may_scout(pl: PairLearning, now: float) -> bool:
+        """A scout probes for the pool: not an exit with a limit of its own, nor one that
+        drew a 429 lately (in a mixed pool, the slow exits; a probe there says nothing
+        about the others)."""
+        return pl.own is None and now - pl.last_429 > SCOUT_QUIET
+
+    def tick(self, now: float, pairs: Iterable[PairLearning]) -> None:
+        """Time-driven parts: ceilings drift, a stuck scout hands its probe on."""
+        elapsed = now - self.last_tick
+        if elapsed < 1.0:
+            return
+        self.last_tick = now
+        if math.isfinite(elapsed):
+            self.pool.drift(elapsed)
+            super().drift(elapsed)
+            for pl in pairs:
+                if pl.own is not None:
+                    pl.own.drift(elapsed)
+        if self.scout is not None:
+            patience = SCOUT_PATIENCE / max(self.pool.target(), 1e-9)
+            if now - self.scout_since > max(patience, 2.0):
+                self.scout = None
+
+    # -- feedback ----------------------------------------------------------------
     def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                   gap: float, margin: float, admitted_at: float, site_gap: float, now: float,
                   configured: bool) -> list[Event]:
@@ -300,29 +436,6 @@ class OriginLearner:
                 pool.settled = pool.converged
         return [Event("rate_up", origin, exit_id if own else None,
                       f"{before:.3g} -> {est.lo:.3g} r/s")]
-
-    def _confirm_site(self, origin: str, site_gap: float, admitted_at: float,
-                      now: float) -> list[Event]:
-        """Clean answers while the budget paced the origin at the site's probe rate:
-        SITE_CONFIRMATIONS of them, sent at 90 % of that pace or more, confirm it."""
-        site = self.site
-        if site is None or site.converged or admitted_at < site.changed_at:
-            return []
-        self.site_confirmations += 1
-        self.site_gaps += site_gap
-        if self.site_confirmations < SITE_CONFIRMATIONS:
-            return []
-        pace = self.site_confirmations / self.site_gaps
-        self.site_confirmations, self.site_gaps = 0, 0.0
-        target = site.target()
-        if pace < 0.9 * target:
-            return []  # demand, not the budget, set the pace: nothing learned
-        before = site.lo
-        site.confirmed(min(pace, target), now)  # what really ran clean
-        if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
-            self.site = None  # no site limit left to respect
-            return [Event("site_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
-        return [Event("site_rate_up", origin, None, f"{before:.3g} -> {site.lo:.3g} r/s")]
 
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                      gap: float, admitted_at: float, now: float,
@@ -427,67 +540,6 @@ class OriginLearner:
                       f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                       f"ceiling {est.hi:.3g}")]
 
-    def _site_evidence(self, origin: str, exit_id: str, admitted_at: float, now: float,
-                       sure: bool) -> list[Event]:
-        """A 429 the pair's own spacing does not explain: the site, once two exits agree
-        (``sure``: it came later after the pair's last clean request than a clean one
-        did), or AMBIGUOUS_EXITS (it came as late as clean ones: arrival jitter at the
-        pair's own limit does that too, now and then)."""
-        blame = self._recent(self.site_blame, (now, exit_id, sure))
-        spread = len({e for _, e, _ in blame})
-        surely = len({e for _, e, is_sure in blame if is_sure})
-        active = self.active_exits(now)
-        # (once the site is known to be limited, such a 429 is its rate's doing)
-        if self.site is None and surely < min(2, active) and \
-                spread < min(AMBIGUOUS_EXITS, active):
-            return []
-        return self._site_limited(origin, spread, admitted_at, now)
-
-    def _site_limited(self, origin: str, spread: int, admitted_at: float, now: float
-                      ) -> list[Event]:
-        """The origin is limited as a whole: the site rate starts (or goes) where the
-        site actually took requests, once per congestion event (its probe's
-        confirmations were reset by the 429 that brought us here)."""
-        site = self.site
-        if site is None:
-            # early in a crawl these are counts over a fraction of a second: read them
-            # as per whole second, or the first burst (one request per exit) would pass
-            # for a rate the site never took
-            offered = self.admitted_rate(now, least=1.0)
-            accepted = self.accepted_rate(now, least=1.0)
-            top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
-            # where the site took requests, but never under half what was sent
-            start = max(accepted, offered / 2, self.min_rate)
-            site = self.site = RateEstimate(min(start, top), floor=self.min_rate, ceiling=top)
-            if now - self.first_admission >= 1.0:  # (the first burst tells no rate)
-                site.hi = site.seen = max(offered, site.lo)
-            site.changed_at = now
-            return [Event("site_limited", origin, None,
-                          f"429s on {spread} exits: the site takes {site.lo:.3g} r/s "
-                          f"of {offered:.3g}")]
-        if admitted_at < site.changed_at:
-            return []
-        before, since = site.lo, site.changed_at
-        # the budget's pace drew it (a strict site counts the spacing of arrivals);
-        # decreases that follow each other within a second come harder
-        target = site.target()
-        self.site_streak = self.site_streak + 1 if now - self.site_decreased < 1.0 else 1
-        self.site_decreased = now
-        site.rejected(target, now, self.site_streak)
-        # the share the site took of what the budget sent since the last change: where
-        # the limit now is
-        share = self.clean_share(since)
-        if share is not None and target * share < site.lo:
-            site.lo = max(target * share, site.lo * 0.5, site.floor)
-        # ... but not under what it took over the last SITE_MEMORY seconds: a limit
-        # counted over a window (N per minute) refuses for the rest of its window
-        # whatever the pace, and must not walk the site rate down to the floor
-        took = self._clean_rate(now, SITE_MEMORY)
-        assert site.hi is not None
-        site.lo = max(site.lo, min(took, site.hi * backoff(1)))
-        return [Event("site_rate_down", origin, None,
-                      f"{before:.3g} -> {site.lo:.3g} r/s, ceiling {site.hi:.3g}")]
-
     def _pool_too_fast(self, exit_id: str, now: float) -> bool:
         """Exits 429 at the pool's pace, each its own limit's doing: many of them (a
         third of those in use, at least two) within a window say the pool's rate is
@@ -498,16 +550,6 @@ class OriginLearner:
             return False
         blame.clear()
         return True
-
-    def _recent(self, blame: deque, entry: tuple) -> deque:
-        """``blame`` with ``entry`` (time first) added and what is older than the window
-        taken out: SITE_WINDOW, or two of the pool's intervals when that is longer."""
-        blame.append(entry)
-        now = entry[0]
-        window = max(SITE_WINDOW, 2.0 / self.pool.lo)
-        while now - blame[0][0] > window:
-            blame.popleft()
-        return blame
 
     # -- sharing -------------------------------------------------------------------
     def mark(self) -> tuple:

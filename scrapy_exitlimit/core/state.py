@@ -43,7 +43,7 @@ class StateTable:
             t = self.tuning
             pool = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate,
                                 proven=False)
-            learner = OriginLearner(pool, t.min_rate, t.max_rate,
+            learner = OriginLearner(pool=pool, min_rate=t.min_rate, max_rate=t.max_rate,
                                     learning_of=partial(self._learning_of, key),
                                     site_ceiling=ol.rate)
             state = self.origins[key] = OriginState(
