@@ -31,6 +31,9 @@ class EventKind(str, Enum):
     SITE_LIMITED = "site_limited"
     SITE_RATE_UP = "site_rate_up"
     SITE_RATE_DOWN = "site_rate_down"
+    SCOPE_LIMITED = "scope_limited"
+    SCOPE_RATE_UP = "scope_rate_up"
+    SCOPE_RATE_DOWN = "scope_rate_down"
     # the origin budget (503)
     ORIGIN_SLOWED = "origin_slowed"
     # an exit's health and concurrency

@@ -90,6 +90,12 @@ def _digest(text: str, key: bytes | None) -> str:
     return mac.hexdigest()[:ID_HASH_DIGITS]
 
 
+def keyed_hash(text: str, key: bytes | None = None) -> str:
+    """12 hex digits of an HMAC of ``text`` under the id key (None: this process's):
+    what names a secret (a credential, a scope's name) where people can read it."""
+    return _digest(text, key)
+
+
 def exit_id(url: str, template: str | None = None, session: str | None = None, *,
             key: bytes | None = None) -> str:
     """An id that tells exits apart without revealing credentials (module docstring).

@@ -7,9 +7,11 @@ answer                     what changes (the law)                          key
                            exit healthy, its cap may grow (``health.py``);  origin
                            the rate learned (``learner.py``); the 503
                            budget grows back (``budget.py``)
-429                        cooldown, breaker (``pair.py``); a statement    pair
-                           proved wrong (``stated.py``); the rate learned,
-                           once per congestion event (``learner.py``)
+429                        cooldown, breaker (``pair.py``); a statement    pair,
+                           proved wrong (``stated.py``); the rate learned,  scope
+                           once per congestion event (``learner.py``): the
+                           pair's, the site's, or a learned named scope's
+                           (``scopes.py``) when the request needed one
 RateLimit headers          the pair's own limit, or a hold (``stated.py``)  pair
 403 / block page           ban (``pair.py``)                                pair
 503                        the origin budget (``budget.py``)                origin
@@ -36,6 +38,7 @@ from .leases import Lease
 from .origin import OriginState
 from .pair import PairState
 from .pool import ExitPool
+from .scopes import ScopeTable
 from .state import StateTable
 from .stated import contradicted, rate_stated, sent_at_stated_pace
 from .views import usable
@@ -48,8 +51,12 @@ class FeedbackLaws:
     """Applies answers to the state of a limiter (its state table and exit pool)."""
 
     def __init__(self, state: StateTable, pool: ExitPool, tuning: Tuning,
-                 clock: Callable[[], float], rng: random.Random) -> None:
+                 clock: Callable[[], float], rng: random.Random,
+                 scopes: ScopeTable | None = None) -> None:
         self.state = state
+        self.scopes = scopes if scopes is not None else ScopeTable(
+            start_rate=tuning.start_rate, min_rate=tuning.min_rate,
+            max_rate=tuning.max_rate, margin=tuning.margin, clock=clock)
         self.pool = pool
         self.tuning = tuning
         self.clock = clock
@@ -87,6 +94,11 @@ class FeedbackLaws:
             now=now,
             configured=self.state.configured_rate(lease.origin, lease.exit_id) is not None)
         self._learned(out, lease.origin, learned)
+        for scope, gap in zip(lease.scopes, lease.scope_gaps, strict=True):
+            learner = self.scopes.state(scope).learner
+            if learner is not None:
+                self._learned(out, lease.origin, learner.scope_succeeded(
+                    scope.id, gap, lease.admitted_at, now))
         if origin_state.budget.may_recover(now):
             origin_state.budget.recover(origin_state.learner.site_rate(),
                                   self.tuning.max_rate * len(self.pool))
@@ -122,10 +134,16 @@ class FeedbackLaws:
             return out
         if sent_at_stated_pace(pair, lease.admitted_at):
             return out  # the 429 that found the statement wrong said it all
+        learned_scopes = []
+        for scope in lease.scopes:
+            learner = self.scopes.state(scope).learner
+            if learner is not None:
+                learner.scope_refused(now, lease.admitted_at)
+                learned_scopes.append((scope.id, learner))
         self._learned(out, origin, origin_state.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             admitted_at=lease.admitted_at, now=now, slack=pair.bucket.margin + pair.spread,
-            pick_scout=partial(self._pick_scout, origin_state, now)))
+            pick_scout=partial(self._pick_scout, origin_state, now), scopes=learned_scopes))
         return out
 
     @staticmethod

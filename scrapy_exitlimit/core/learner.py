@@ -440,7 +440,8 @@ class OriginLearner(SharedRateLearner):
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                      gap: float, admitted_at: float, now: float,
                      slack: float,
-                     pick_scout: Callable[[Sequence[str]], str | None]) -> list[Event]:
+                     pick_scout: Callable[[Sequence[str]], str | None],
+                     scopes: Sequence[tuple[str, SharedRateLearner]] = ()) -> list[Event]:
         """A 429 to a request admitted at pair pace ``rate``, ``gap`` after the pair's
         previous one: decide which scope it points at, and learn there.
 
@@ -448,7 +449,8 @@ class OriginLearner(SharedRateLearner):
         last one it accepted: its 429s come closer after the pair's last clean request
         than any clean one did. A 429 that came as late as a clean request did (give
         or take ``slack``, the arrival jitter), or on a first request, is not the
-        pair's limit: it points at the site.
+        pair's limit: it points at the site, or, when the request needed named scopes
+        whose rates are learned (``scopes``: id and learner), at those scopes.
         """
         self._answered(now, admitted_at, False)
         pl.last_429 = now
@@ -477,6 +479,9 @@ class OriginLearner(SharedRateLearner):
             return self._lower(origin, exit_id, own, rate, pl.rate_streak, admitted_at, now,
                                1.0 / fastest)
         if not closer and self.active_exits(now) > 1:  # (one exit alone: it is the pair)
+            if scopes:  # a key the request carries, whatever exit it left from
+                return [ev for key, scope in scopes
+                        for ev in scope.scope_evidence(key, exit_id, admitted_at, now, wider)]
             return self._site_evidence(origin, exit_id, admitted_at, now, wider)
         if pl.own is not None:
             return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now,

@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .scopes import Scope
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -20,6 +22,9 @@ class Lease:
     was_full: bool  # this lease filled the exit's limit
     pair: str = ""  # the pair key (exit IP or exit id) that counts it in flight
     site_gap: float = math.inf  # time since the origin's previous admission, any exit
+    #: the named scopes whose tokens it took, and each one's gap since its previous one
+    scopes: tuple[Scope, ...] = ()
+    scope_gaps: tuple[float, ...] = ()
 
 
 class LeaseTable:
@@ -51,6 +56,10 @@ class LeaseTable:
     def origins(self) -> set[str]:
         """The origins with a lease in flight."""
         return {lease.origin for lease in self._leases.values()}
+
+    def scopes(self) -> set[str]:
+        """The scopes with a lease in flight."""
+        return {scope.id for lease in self._leases.values() for scope in lease.scopes}
 
     def older_than(self, seconds: float, now: float) -> list[Lease]:
         return [lease for lease in self._leases.values() if now - lease.admitted_at > seconds]

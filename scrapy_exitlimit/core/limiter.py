@@ -5,6 +5,7 @@
 - ``pair.py``: a pair's pacing, arrivals, cooldown, breaker and ban;
 - ``learner.py``: the rate each pair paces at, learned per origin;
 - ``budget.py``: the origin budget (site rate, 503s);
+- ``scopes.py``: named scopes' budgets (an account, an API key), shared by every exit;
 - ``stated.py``: what the server's RateLimit headers state;
 - ``health.py``: an exit's concurrency cap and evictions; ``blame.py``: whose
   fault a timeout is;
@@ -36,6 +37,7 @@ from .limits import Limits
 from .origin import OriginState
 from .pair import SPREAD_MARGIN, WARM_ANSWERS, PairState
 from .pool import ExitPool, ExitState
+from .scopes import Scope, ScopeTable
 from .selector import UNTIL_RELEASE, Candidate, HeapSelector
 from .state import StateTable
 from .views import ExitLoad
@@ -88,10 +90,10 @@ class Limiter:
     and count, and the typed state changes a shared backend copies.
 
     Every admission goes through ``_take``: the buckets every exit shares for
-    the request (the origin budget) are taken together (``take_together``) with
-    the pair's token the search judged and the lease. A budget of another scope
-    (a named one, shared by every exit: an API key) joins that list, and its
-    learner the feedback beside the pair's and the origin's.
+    the request (the origin budget, and each named scope's: ``scopes.py``) are
+    taken together (``take_together``) with the pair's token the search judged and
+    the lease; a learned scope's learner gets the feedback beside the pair's and the
+    origin's.
     """
 
     def __init__(
@@ -114,7 +116,10 @@ class Limiter:
                              reanimate_after=t.reanimate_after)
         self.state = StateTable(limits, self.tuning, clock)
         self.leases = LeaseTable()
-        self.feedback = FeedbackLaws(self.state, self.pool, self.tuning, clock, self.rng)
+        self.scopes = ScopeTable(start_rate=t.start_rate, min_rate=t.min_rate,
+                                 max_rate=t.max_rate, margin=t.margin, clock=clock)
+        self.feedback = FeedbackLaws(self.state, self.pool, self.tuning, clock, self.rng,
+                                     self.scopes)
         self._heap = HeapSelector()
         #: this process's share of every pair's rate: below 1 when processes that
         #: normally share state through a backend must each pace on their own
@@ -179,9 +184,9 @@ class Limiter:
             HeapSelector.reset(origin_state.search, self.pool)
 
     def try_admit(self, origin: str, now: float | None = None,
-                  pinned: str | None = None) -> Lease | float:
+                  pinned: str | None = None, scopes: Sequence[Scope] = ()) -> Lease | float:
         """A lease now, or when to ask again. ``pinned``: on this exit or not at all
-        (a sticky session's)."""
+        (a sticky session's); ``scopes``: named budgets the request also needs."""
         now = self.clock() if now is None else now
         origin_state = self.origin_state(origin)
         origin_state.last_used = now
@@ -192,7 +197,7 @@ class Limiter:
             if not isinstance(found, tuple):
                 return found
             exit_id, exit_state, pair = found
-            lease_or_time = self._take(origin_state, exit_state, pair, now)
+            lease_or_time = self._take(origin_state, exit_state, pair, now, scopes)
             # taken: back when its next token is; held up by the origin: still ready
             again = pair.ready_at(now) if isinstance(lease_or_time, Lease) else now
             self._heap.queue(origin_state.search, exit_id, again, now)
@@ -200,20 +205,37 @@ class Limiter:
         chosen = selector.scan(self.pool.members(pinned), rules, now)
         if not isinstance(chosen, tuple):
             return chosen
-        return self._take(origin_state, *chosen, now)
+        return self._take(origin_state, *chosen, now, scopes)
 
     def _take(self, origin_state: OriginState, exit_state: ExitState, pair: PairState,
-              now: float) -> Lease | float:
-        """The budgets every exit shares (the origin's), the pair token and a lease,
-        together; or when the shared budgets allow the next request. The pair's token
-        is the search's to judge (``eligibility.py``): it is taken as judged."""
+              now: float, scopes: Sequence[Scope] = ()) -> Lease | float:
+        """The budgets every exit shares (the origin's, each named scope's), the pair
+        token and a lease, together; or when the shared budgets allow the next request.
+        The pair's token is the search's to judge (``eligibility.py``): it is taken as
+        judged."""
         shared = [b for b in (self._sync_budget(origin_state),) if b is not None]
+        if scopes:
+            shared += self.scopes.budgets(scopes, now)
         wait = take_together(shared, now)
         if wait is not None:
             return wait
         gap = now - pair.last_admit
         pair.bucket.consume(now)
-        return self._grant(origin_state, exit_state, pair, now, gap)
+        return self._grant(origin_state, exit_state, pair, now, gap, scopes=scopes)
+
+    def scope_budgets(self, scopes: Sequence[Scope], now: float | None = None
+                      ) -> list[tuple[str, TokenBucket]]:
+        """For a shared backend: the buckets these scopes take from now, by scope id
+        (learned rates synced; a learned scope not yet limited has none)."""
+        now = self.clock() if now is None else now
+        out = []
+        for scope in scopes:
+            state = self.scopes.state(scope)
+            state.last_used = now
+            bucket = state.budget(now, self.tuning.margin)
+            if bucket is not None:
+                out.append((scope.id, bucket))
+        return out
 
     def plan(self, origin: str, now: float | None = None, limit: int | None = None,
              pinned: str | None = None) -> tuple[list[Candidate], float]:
@@ -242,15 +264,19 @@ class Limiter:
         return self.leases.reserve_ids(count)
 
     def grant(self, origin: str, exit_id: str, now: float, gap: float,
-              lease_id: int | None = None) -> Lease:
+              lease_id: int | None = None, scopes: Sequence[Scope] = ()) -> Lease:
         """Record an admission the shared state made (``gap``: since the pair's previous one)."""
         origin_state = self.origin_state(origin)
         pair = self.pair_state(origin, exit_id)
         pair.bucket.consume(now)  # keeps the local schedule close, for a fallback
-        return self._grant(origin_state, self.exits[exit_id], pair, now, gap, lease_id)
+        for bucket in self.scopes.budgets(scopes, now):
+            bucket.consume(now)
+        return self._grant(origin_state, self.exits[exit_id], pair, now, gap, lease_id,
+                           scopes=scopes)
 
     def _grant(self, origin_state: OriginState, exit_state: ExitState, pair: PairState, now: float,
-               gap: float, lease_id: int | None = None) -> Lease:
+               gap: float, lease_id: int | None = None, *, scopes: Sequence[Scope] = ()
+               ) -> Lease:
         exit_id = exit_state.exit.id
         rate = pair.bucket.rate
         if origin_state.learner.granted(exit_id, pair.learning, now):  # the new scout
@@ -260,8 +286,10 @@ class Limiter:
         exit_state.in_flight += 1
         if lease_id is None:
             lease_id = self.leases.reserve_ids(1)
+        scope_gaps = self.scopes.admitted(scopes, exit_id, now) if scopes else ()
         lease = Lease(lease_id, origin_state.key, exit_id, now, rate, gap,
-                      exit_state.in_flight >= exit_state.limit, self.pair_key(exit_id), site_gap)
+                      exit_state.in_flight >= exit_state.limit, self.pair_key(exit_id), site_gap,
+                      tuple(scopes), scope_gaps)
         self.leases.add(lease)
         return lease
 
@@ -358,6 +386,10 @@ class Limiter:
         warm): what a shared backend sends with a release."""
         return pair.arrival_slack
 
+    def scope_view(self) -> dict[str, float | None]:
+        """Each scope's id and the rate it is paced at now (None: learned, not limited)."""
+        return {key: state.rate for key, state in self.scopes.states.items()}
+
     def pool_alive(self, now: float | None = None) -> bool:
         return self.pool.alive(self.clock() if now is None else now)
 
@@ -384,6 +416,7 @@ class Limiter:
     def forget_idle(self, now: float | None = None) -> int:
         """Drop state with nothing left to say (``forgetting.py``); returns pairs dropped."""
         now = self.clock() if now is None else now
+        self.scopes.forget_idle(self.leases.scopes(), now)
         return forgetting.forget_idle(self.origins, self.leases.origins(), now,
                                       self.state.configured_rate)
 

@@ -1,0 +1,151 @@
+"""Named scopes: a budget every exit shares, keyed by something the request carries.
+
+A server that limits an account, an API key or a cookie session counts that key's
+requests whatever exit they leave from. A request naming scopes needs a token from
+each scope's bucket, taken together with the origin's and the pair's token and the
+exit lease (``limiter.py``: ``take_together``), or none of them.
+
+A scope's rate is configured (a fixed bucket of ``rate`` and ``burst``), or learned
+with the site rate's machinery (``learner.SharedRateLearner``): a 429 its pair's
+spacing does not explain, on a request that needed the scope, is evidence against the
+scope (not the site nor the pairs); once such 429s come from two exits, the scope's
+rate goes where the scope actually took requests, and is learned from there. Unlike
+the site, a learned scope is paced from its first request: naming a scope says it is
+limited, so it starts at the start rate (a guess, proven by clean answers at that
+pace, then slow start), and the first burst over every exit does not all land on it.
+Found with no limit (its rate grown to the maximum), it has no bucket until 429s say
+otherwise.
+
+Scopes are named by id, never by the name a request gave: names may be secrets (an
+API key), so an id is ``scope~<12 hex>``, a keyed hash of the name (``scope_id``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from .bucket import TokenBucket
+from .exits import keyed_hash
+from .learner import SharedRateLearner
+from .learning import RateEstimate
+
+#: a scope untouched this long (seconds), with no lease in flight, is dropped
+SCOPE_IDLE = 3600.0
+
+
+def scope_id(name: str, key: bytes | None = None) -> str:
+    """What logs, stats, telemetry and shared keys call the scope ``name``."""
+    return f"scope~{keyed_hash(name, key)}"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A scope a request needs: its id, and its configured rate (None: learned)."""
+
+    id: str
+    rate: float | None = None
+    burst: int = 1
+
+
+class ScopeState:
+    """One scope's bucket and, when its rate is learned, its learner."""
+
+    __slots__ = ("bucket", "id", "last_admit", "last_tick", "last_used", "learner")
+
+    def __init__(self, scope: Scope, *, start_rate: float, min_rate: float, max_rate: float,
+                 margin: float) -> None:
+        self.id = scope.id
+        self.learner: SharedRateLearner | None = None
+        self.bucket: TokenBucket | None = None
+        if scope.rate is not None:
+            self.bucket = TokenBucket(scope.rate, scope.burst, margin)
+        else:
+            self.learner = SharedRateLearner(
+                min_rate=min_rate, max_rate=max_rate, kind="scope",
+                site=RateEstimate(start_rate, floor=min_rate, ceiling=max_rate, proven=False))
+        self.last_admit = -math.inf
+        self.last_used = -math.inf
+        self.last_tick = -math.inf
+
+    def budget(self, now: float, margin: float) -> TokenBucket | None:
+        """The bucket to take from (a learned rate synced first; None: no limit yet)."""
+        learner = self.learner
+        if learner is None:
+            return self.bucket
+        elapsed = now - self.last_tick
+        if elapsed >= 1.0:
+            self.last_tick = now
+            if math.isfinite(elapsed):
+                learner.drift(elapsed)
+        rate = learner.site_rate()
+        if rate is None:
+            self.bucket = None
+        elif self.bucket is None:
+            self.bucket = TokenBucket(rate, 1, margin)
+        elif rate != self.bucket.rate:
+            self.bucket.set_rate(rate)
+        return self.bucket
+
+    @property
+    def rate(self) -> float | None:
+        """The rate the scope is paced at now (None: not limited)."""
+        return None if self.bucket is None else self.bucket.rate
+
+    def __repr__(self) -> str:
+        return f"<ScopeState {self.id} bucket={self.bucket!r}>"
+
+
+class ScopeTable:
+    """Every scope's state, made on first use."""
+
+    def __init__(self, *, start_rate: float, min_rate: float, max_rate: float, margin: float,
+                 clock: Callable[[], float]) -> None:
+        self.start_rate = start_rate
+        self.min_rate = min_rate
+        self.max_rate = max_rate
+        self.margin = margin
+        self.clock = clock
+        self.states: dict[str, ScopeState] = {}
+
+    def state(self, scope: Scope) -> ScopeState:
+        state = self.states.get(scope.id)
+        if state is None:
+            state = self.states[scope.id] = ScopeState(
+                scope, start_rate=self.start_rate, min_rate=self.min_rate,
+                max_rate=self.max_rate, margin=self.margin)
+        return state
+
+    def budgets(self, scopes: Sequence[Scope], now: float) -> list[TokenBucket]:
+        """The buckets these scopes take from now (learned ones not yet limited: none)."""
+        out = []
+        for scope in scopes:
+            state = self.state(scope)
+            state.last_used = now
+            bucket = state.budget(now, self.margin)
+            if bucket is not None:
+                out.append(bucket)
+        return out
+
+    def admitted(self, scopes: Sequence[Scope], exit_id: str, now: float
+                 ) -> tuple[float, ...]:
+        """An admission that took these scopes' tokens; returns each one's gap since its
+        previous admission."""
+        gaps = []
+        for scope in scopes:
+            state = self.state(scope)
+            gaps.append(now - state.last_admit)
+            state.last_admit = state.last_used = now
+            if state.learner is not None:
+                state.learner.admitted(exit_id, now)
+        return tuple(gaps)
+
+    def forget_idle(self, busy: Iterable[str], now: float) -> int:
+        """Drop scopes idle for SCOPE_IDLE with no lease in flight (``busy``)."""
+        keep = set(busy)
+        idle = [k for k, s in self.states.items()
+                if k not in keep and now - s.last_used > SCOPE_IDLE]
+        for key in idle:
+            del self.states[key]
+        return len(idle)
