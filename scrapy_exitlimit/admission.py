@@ -14,6 +14,7 @@ from twisted.internet.defer import Deferred
 
 from .backends import Admission, Backend
 from .core import Lease
+from .core.scopes import Scope
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,9 @@ class Repin(Exception):
     """A sticky request's exit can no longer serve it: admit it anywhere and pin anew."""
 
 
-#: a queue per origin, and per (origin, exit) for requests pinned to an exit
-QueueKey = tuple[str, "str | None"]
+#: a queue per origin, per (origin, exit) for requests pinned to an exit, and per the
+#: named scopes its requests need (a scope's budget must not hold up other requests)
+QueueKey = tuple[str, "str | None", "tuple[Scope, ...]"]
 
 
 class Waiter:
@@ -111,19 +113,21 @@ class AdmissionQueue:
         self._asyncio = is_asyncio_available()
 
     def origins(self) -> set[str]:
-        return {origin for origin, _ in self.queues}
+        return {key[0] for key in self.queues}
 
-    def acquire(self, origin: str, pinned: str | None = None) -> Lease | Awaitable[Lease]:
+    def acquire(self, origin: str, pinned: str | None = None,
+                scopes: tuple[Scope, ...] = ()) -> Lease | Awaitable[Lease]:
         """A lease now, or something to await for one: an asyncio future on the asyncio
         loop, else a Deferred (failing with HandedBack when handed back).
 
-        ``pinned``: on this exit only (a sticky session's pin)."""
+        ``pinned``: on this exit only (a sticky session's pin); ``scopes``: named budgets
+        the request also needs, granted with the rest."""
         if self.closed:
             raise HandedBack
         now = self.clock()
-        key = (origin, pinned)
+        key = (origin, pinned, scopes)
         if self.backend.synchronous and not self.queues.get(key):
-            admission = self.backend.admit(origin, 1, now, pinned)
+            admission = self._admit(key, 1, now)
             assert isinstance(admission, Admission)
             if admission.leases:
                 self.on_admit(None, admission.leases[0], now)
@@ -136,6 +140,12 @@ class AdmissionQueue:
         elif self._soon is None:  # requests parked in the same loop turn share one call
             self._soon = self._call_soon(self._wake_now)
         return waiter.result
+
+    def _admit(self, key: QueueKey, want: int, now: float) -> Any:
+        origin, pinned, scopes = key
+        if scopes:
+            return self.backend.admit(origin, want, now, pinned, scopes=scopes)
+        return self.backend.admit(origin, want, now, pinned)  # a Backend from before scopes
 
     def waitable(self) -> asyncio.Future | Deferred:
         """Something to await, fired by whoever holds it: an asyncio future on the asyncio
@@ -172,7 +182,7 @@ class AdmissionQueue:
         while active:
             still = []
             for key in active:
-                admission = self.backend.admit(key[0], 1, now, key[1])
+                admission = self._admit(key, 1, now)
                 assert isinstance(admission, Admission)
                 if admission.leases:
                     self._hand_out(key, admission.leases, now)
@@ -204,7 +214,7 @@ class AdmissionQueue:
         for key, queue in list(self.queues.items()):
             if queue and key not in self._pending and self._ready_at.get(key, 0) <= now:
                 self._pending.add(key)
-                call = self.backend.admit(key[0], min(len(queue), BATCH), now, key[1])
+                call = self._admit(key, min(len(queue), BATCH), now)
                 if isinstance(call, Deferred):
                     call.addCallbacks(self._admitted, self._admit_errback, callbackArgs=(key,),
                                       errbackArgs=(key,))

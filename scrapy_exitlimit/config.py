@@ -7,7 +7,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 
 from .core import Exit, Limits, Tuning, mask_url, parse_exit_list, parse_sessions
 from .core.exits import SESSION_FIELD, is_template, with_scheme
+from .core.scopes import ScopeRules
 
 logger = logging.getLogger(__name__)
 
@@ -314,6 +315,9 @@ class ExitLimitConfig:
     backend: str = "memory"
     #: a response header in which the provider names the exit's IP (None: not used)
     exit_ip_header: str | None = None
+    #: EXITLIMIT_SCOPES: configured rates of named scopes (``meta['exitlimit_scope']``)
+    scopes: ScopeRules = field(default_factory=ScopeRules)
+    stats_per_scope: bool = False
 
     @property
     def rate_given(self) -> bool:
@@ -373,6 +377,8 @@ class ExitLimitConfig:
                                    or any(c in header for c in " :\r\n")):
             raise ValueError(f"EXITLIMIT_EXIT_IP_HEADER ({header!r}) must be a header name")
         config = cls(
+            scopes=read_scopes(settings),
+            stats_per_scope=read_bool(settings, "EXITLIMIT_STATS_PER_SCOPE", False),
             exit_ip_header=header,
             backend=backend,
             exits=exits,
@@ -388,6 +394,39 @@ class ExitLimitConfig:
             raise ValueError(f"EXITLIMIT_COOLDOWN_MIN ({config.cooldown_min}) must not exceed "
                              f"EXITLIMIT_COOLDOWN_MAX ({config.cooldown_max})")
         return config
+
+
+def read_scopes(settings: Any) -> ScopeRules:
+    """EXITLIMIT_SCOPES: ``{name or pattern: {"rate": r/s, "burst": n}}``; a scope without
+    a rate is learned. Names may be secrets: an error shows an entry's position, never
+    its name."""
+    name = "EXITLIMIT_SCOPES"
+    raw = settings.get(name)
+    if raw in (None, ""):
+        return ScopeRules(key=id_key(settings))
+    try:
+        table = settings.getdict(name) if hasattr(settings, "getdict") else dict(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a dict of {{scope name or pattern: "
+                         "{'rate': r/s, 'burst': n}}") from None
+    rules: dict[str, tuple[float | None, int]] = {}
+    for position, (key, spec) in enumerate(table.items(), 1):
+        label = f"{name} (entry {position})"
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{label}: a scope name must be a non-empty string")
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"{label} must be a dict like {{'rate': 2, 'burst': 1}}, "
+                             f"got {type(spec).__name__}")
+        unknown = {str(k) for k in spec} - {"rate", "burst"}
+        if unknown:
+            raise ValueError(f"{label}: unknown keys {sorted(unknown)}; allowed: "
+                             "['burst', 'rate']")
+        rate = _number({f"{label}['rate']": spec.get("rate")}, f"{label}['rate']",
+                       minimum=0, strict=True, optional=True)
+        burst = _number({f"{label}['burst']": spec.get("burst")}, f"{label}['burst']",
+                        integer=True, minimum=1, optional=True) or 1
+        rules[key] = (rate, int(burst))
+    return ScopeRules(rules, key=id_key(settings))
 
 
 def read_bool(settings: Any, name: str, default: bool) -> bool:
@@ -407,7 +446,8 @@ SETTINGS = (
     *(name for name, *_ in _TUNING.values()), *(name for name, *_ in _GLUE.values()),
     "EXITLIMIT_POLICY", "EXITLIMIT_DEBUG", "EXITLIMIT_STATS_PER_EXIT",
     "EXITLIMIT_EXIT_IP_HEADER", "EXITLIMIT_TELEMETRY", "EXITLIMIT_PROMETHEUS_PORT",
-    "EXITLIMIT_PROMETHEUS_ADDR", "EXITLIMIT_BACKEND", "EXITLIMIT_REDIS_URL",
+    "EXITLIMIT_PROMETHEUS_ADDR", "EXITLIMIT_SCOPES", "EXITLIMIT_STATS_PER_SCOPE",
+    "EXITLIMIT_BACKEND", "EXITLIMIT_REDIS_URL",
     "EXITLIMIT_REDIS_PREFIX", "EXITLIMIT_REDIS_TIMEOUT", "EXITLIMIT_REDIS_ON_ERROR",
 )
 

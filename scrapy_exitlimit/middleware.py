@@ -22,6 +22,7 @@ from .backends import load_backend
 from .config import ExitLimitConfig
 from .core import Event, EventKind, Lease, bounded_cooldown, parse_retry_after
 from .core.ratelimit_headers import QuotaWindows, parse_ratelimit
+from .core.scopes import Scope
 from .failclosed import EXPECTED_PROXY_KEY
 from .policy import ResponsePolicy, Signal
 from .progress import Snapshot
@@ -204,7 +205,7 @@ class ExitLimitMiddleware:
 
     def _check_pins(self, now: float) -> None:
         """Requests parked on a pinned exit that can no longer serve them: admit anywhere."""
-        for origin, pinned in [k for k in self.queue.queues if k[1] is not None]:
+        for origin, pinned, _ in [k for k in self.queue.queues if k[1] is not None]:
             if not self.backend.usable(origin, pinned, now):
                 # StickySessions counts the re-pins
                 self.queue.fail(origin, Repin(), pinned_to=pinned)
@@ -246,6 +247,11 @@ class ExitLimitMiddleware:
         self.stats.inc_value("exitlimit/admitted")
         if self.config.stats_per_exit:
             self.stats.inc_value(f"exitlimit/exit/{lease.exit_id}/admitted")
+        if lease.scopes:
+            self.stats.inc_value("exitlimit/scoped")
+            if self.config.stats_per_scope:
+                for scope in lease.scopes:
+                    self.stats.inc_value(f"exitlimit/scope/{scope.id}/admitted")
         waited = 0.0
         if waiter is not None:
             waited = now - waiter.parked_at
@@ -255,7 +261,7 @@ class ExitLimitMiddleware:
             load = self.backend.exit_load(lease.exit_id)
             for sink in self.sinks:
                 sink.admission(lease.origin, lease.exit_id, waited, lease.rate, load.limit,
-                               load.in_flight)
+                               load.in_flight, scopes=[s.id for s in lease.scopes])
 
     def snapshot(self) -> Snapshot:
         """Exits by state (for the origins now waiting, else all), totals, parked."""
@@ -278,13 +284,14 @@ class ExitLimitMiddleware:
             self.stats.inc_value("exitlimit/cache_hit")
             return None
         origin = origin_of(request)
+        scopes = self.config.scopes.scopes(request.meta.get("exitlimit_scope"))
         parked_at = self.backend.clock()
         session = request.meta.get("exitlimit_session")
         try:
             if session is None:
-                lease = await self._acquire(origin, None)
+                lease = await self._acquire(origin, None, scopes)
             else:
-                lease = await self.sessions.admit(origin, str(session))
+                lease = await self.sessions.admit(origin, str(session), scopes)
         except HandedBack:
             self.stats.inc_value("exitlimit/requeued_on_close")
             return self._fresh_copy(request)
@@ -299,10 +306,11 @@ class ExitLimitMiddleware:
         meta["autothrottle_dont_adjust_delay"] = True
         return None
 
-    async def _acquire(self, origin: str, pinned: str | None) -> Lease:
-        """A lease for ``origin`` (on exit ``pinned`` only, when given), parking until
-        there is one."""
-        lease_or_wait = self.queue.acquire(origin, pinned)
+    async def _acquire(self, origin: str, pinned: str | None,
+                       scopes: tuple[Scope, ...] = ()) -> Lease:
+        """A lease for ``origin`` (on exit ``pinned`` only, when given; with a token of
+        each of ``scopes``), parking until there is one."""
+        lease_or_wait = self.queue.acquire(origin, pinned, scopes)
         if isinstance(lease_or_wait, Lease):
             return lease_or_wait
         self.stats.inc_value("exitlimit/parked")
@@ -366,6 +374,9 @@ class ExitLimitMiddleware:
         signal = self.policy.classify_response(request, response)
         request.meta[SIGNAL_KEY] = signal.value
         self._count(signal, lease.exit_id)
+        if self.config.stats_per_scope and signal is Signal.RATE_LIMITED:
+            for scope in lease.scopes:
+                self.stats.inc_value(f"exitlimit/scope/{scope.id}/response_429")
         events: list[Event] = []
         if self.config.exit_ip_header:
             ip = exit_ip(response.headers.get(self.config.exit_ip_header))

@@ -77,7 +77,7 @@ class PrometheusMetrics:
         return metrics
 
     def admission(self, origin: str, exit_id: str, wait: float, rate: float | None,
-                  limit: int | None, in_flight: int) -> None:
+                  limit: int | None, in_flight: int, scopes: list[str] | None = None) -> None:
         self.admitted.labels(exit_id).inc()
         self.wait.observe(wait)
         self._state(origin, exit_id, rate, limit, in_flight)

@@ -23,6 +23,7 @@ from typing import Any
 
 from .admission import ExitsUnavailable, HandedBack, Repin
 from .core import Lease
+from .core.scopes import Scope
 
 logger = logging.getLogger(__name__)
 
@@ -32,14 +33,14 @@ MAX_PINS = 100_000
 SHARED_FAILURES = (HandedBack, ExitsUnavailable)
 
 #: a lease for (origin, exit or None: any), waiting as long as it takes
-Acquire = Callable[[str, "str | None"], Awaitable[Lease]]
+Acquire = Callable[[str, "str | None", "tuple[Scope, ...]"], Awaitable[Lease]]
 
 
 class StickySessions:
     """Pins of sticky sessions to exits, and the admission of a session's requests.
 
     ``usable(origin, exit_id)``: whether the exit can still serve the origin;
-    ``acquire(origin, pinned)``: a lease on exit ``pinned`` (any exit when None);
+    ``acquire(origin, pinned, scopes)``: a lease on exit ``pinned`` (any exit when None);
     ``waitable()``: a fresh future (or Deferred) for one follower of a chooser (one
     each: several coroutines awaiting one Deferred would not all get its result).
     """
@@ -61,7 +62,7 @@ class StickySessions:
     def pinned(self, session: str) -> str | None:
         return self.pins.get(session)
 
-    async def admit(self, origin: str, session: str) -> Lease:
+    async def admit(self, origin: str, session: str, scopes: tuple[Scope, ...] = ()) -> Lease:
         """A lease for a request of ``session``: on its pinned exit, or the one that pins it.
 
         Raises what ``acquire`` raises (HandedBack, ExitsUnavailable), also for the
@@ -70,13 +71,13 @@ class StickySessions:
             pin = self._pin(origin, session)
             if pin is not None:
                 try:
-                    return await self.acquire(origin, pin)
+                    return await self.acquire(origin, pin, scopes)
                 except Repin:  # its exit went bad while it waited
                     self._unpin(session, pin, origin)
                     continue
             followers = self._choosing.get(session)
             if followers is None:
-                return await self._choose(origin, session)
+                return await self._choose(origin, session, scopes)
             chosen = self.waitable()
             followers.append((origin, chosen))
             self.following += 1
@@ -87,13 +88,14 @@ class StickySessions:
             if failed is not None:
                 raise type(failed)(*failed.args)
 
-    async def _choose(self, origin: str, session: str) -> Lease:
+    async def _choose(self, origin: str, session: str, scopes: tuple[Scope, ...] = ()
+                      ) -> Lease:
         """Wait for any exit and pin the session to it; then wake its other requests."""
         followers: list[tuple[str, Any]] = []
         self._choosing[session] = followers
         outcome: BaseException | None = None
         try:
-            lease = await self.acquire(origin, None)
+            lease = await self.acquire(origin, None, scopes)
         except BaseException as exc:
             outcome = exc
             raise

@@ -105,17 +105,21 @@ class Telemetry:
 
     # -- records -----------------------------------------------------------
     def admission(self, origin: str, exit_id: str, wait: float, rate: float | None,
-                  limit: int | None, in_flight: int) -> None:
+                  limit: int | None, in_flight: int, scopes: list[str] | None = None) -> None:
         """A request was released to the downloader through ``exit_id``.
 
         ``wait``: seconds it was parked; ``rate``: the pair's pacing rate (r/s,
         None = unlimited); ``limit``: the exit's concurrency limit; ``in_flight``:
-        requests on the exit counting this one.
+        requests on the exit counting this one; ``scopes``: ids of the named scopes
+        whose tokens it took.
         """
         t = self.clock()
         q = self._quote
-        self._write(_ADMIT % (t, q(origin), q(exit_id), _num(wait), _num(rate), _num(limit),
-                              _num(in_flight)), t)
+        line = _ADMIT % (t, q(origin), q(exit_id), _num(wait), _num(rate), _num(limit),
+                         _num(in_flight))
+        if scopes:
+            line = f'{line[:-2]},"scopes":[{",".join(q(s) for s in scopes)}]}}\n'
+        self._write(line, t)
 
     def response(self, origin: str, exit_id: str, status: int | None, signal: str | None,
                  latency: float | None, rate: float | None, limit: int | None,

@@ -411,6 +411,14 @@ def test_an_exit_list_path_that_cannot_be_a_file_names_the_setting(value):
     check_from_settings({"EXITLIMIT_EXITS": value})
 
 
+@pytest.mark.parametrize("spec", [{"rate": -1}, {"speed": 1}, {"burst": 0}, 5])
+def test_a_scope_error_names_the_setting_not_the_scope(spec):
+    with pytest.raises(ValueError, match="EXITLIMIT_SCOPES") as info:
+        config_module.ExitLimitConfig.from_settings(Settings({
+            "EXITLIMIT_EXITS": EXIT_URLS, "EXITLIMIT_SCOPES": {"sk-live-SECRET": spec}}))
+    assert "SECRET" not in str(info.value)
+
+
 @pytest.mark.parametrize("spec", [{"rate": -1}, {"speed": 1}, 5])
 def test_an_override_error_does_not_leak_the_proxy_password(spec):
     check_from_settings({"EXITLIMIT_EXITS": EXIT_URLS,
@@ -425,6 +433,12 @@ OTHER_VALUES = {
                                    setting_values),
     "EXITLIMIT_DEBUG": setting_values,
     "EXITLIMIT_STATS_PER_EXIT": setting_values,
+    "EXITLIMIT_STATS_PER_SCOPE": setting_values,
+    "EXITLIMIT_SCOPES": st.one_of(setting_values, st.dictionaries(
+        st.one_of(st.text(max_size=8), st.integers()),
+        st.one_of(setting_values, st.dictionaries(
+            st.sampled_from(["rate", "burst", "speed"]), setting_values, max_size=2)),
+        max_size=3)),
     "EXITLIMIT_ID_KEY": st.one_of(setting_values, st.text(min_size=14, max_size=40)),
     "EXITLIMIT_POLICY": st.one_of(setting_values, st.sampled_from(
         ["scrapy_exitlimit.policy.ResponsePolicy", "no.such.Policy", "Policy"])),

@@ -103,7 +103,7 @@ class Queue:
         return asyncio.get_running_loop().create_future() if self.kind == "future" \
             else Deferred()
 
-    async def acquire(self, origin, pinned):
+    async def acquire(self, origin, pinned, scopes=()):
         result = self.waitable()
         self.parked.append((pinned, result))
         return await result

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core import Event, Lease, Limiter
 from ..core.changes import Feedback
+from ..core.scopes import Scope
 from ..core.views import ExitLoad
 
 if TYPE_CHECKING:
@@ -62,18 +63,18 @@ class Backend:
     def clock(self) -> float:
         return time.monotonic()
 
-    def admit(self, origin: str, want: int, now: float,
-              pinned: str | None = None) -> Admission | Deferred | asyncio.Future:
+    def admit(self, origin: str, want: int, now: float, pinned: str | None = None,
+              scopes: Sequence[Scope] = ()) -> Admission | Deferred | asyncio.Future:
         """Up to ``want`` leases for ``origin`` (on exit ``pinned`` only, when given: a
-        sticky session's)."""
+        sticky session's), each also taking a token of every one of ``scopes``."""
         raise NotImplementedError
 
-    def admit_here(self, origin: str, want: int, now: float,
-                   pinned: str | None = None) -> Admission:
+    def admit_here(self, origin: str, want: int, now: float, pinned: str | None = None,
+                   scopes: Sequence[Scope] = ()) -> Admission:
         """Up to ``want`` leases from this process's own state."""
         leases: list[Lease] = []
         while len(leases) < want:
-            lease_or_time = self.limiter.try_admit(origin, now, pinned)
+            lease_or_time = self.limiter.try_admit(origin, now, pinned, scopes)
             if not isinstance(lease_or_time, Lease):
                 return Admission(leases, lease_or_time)
             leases.append(lease_or_time)
@@ -161,6 +162,10 @@ class Backend:
         """The rate the pair is paced at now (requests/s)."""
         return self.limiter.paced_rate(origin, exit_id)
 
+    def scope_rates(self) -> dict[str, float | None]:
+        """Each named scope's id and the rate it is paced at now (None: not limited)."""
+        return self.limiter.scope_view()
+
     def stats(self) -> dict[str, Any]:
         return {}
 
@@ -168,6 +173,6 @@ class Backend:
 class MemoryBackend(Backend):
     """All state in this process: right for one ``scrapy crawl`` per pool of exits."""
 
-    def admit(self, origin: str, want: int, now: float,
-              pinned: str | None = None) -> Admission:
-        return self.admit_here(origin, want, now, pinned)
+    def admit(self, origin: str, want: int, now: float, pinned: str | None = None,
+              scopes: Sequence[Scope] = ()) -> Admission:
+        return self.admit_here(origin, want, now, pinned, scopes)

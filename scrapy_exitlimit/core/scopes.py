@@ -23,7 +23,8 @@ API key), so an id is ``scope~<12 hex>``, a keyed hash of the name (``scope_id``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .bucket import TokenBucket
@@ -149,3 +150,49 @@ class ScopeTable:
         for key in idle:
             del self.states[key]
         return len(idle)
+
+
+class ScopeRules:
+    """Configured scope rates (EXITLIMIT_SCOPES): exact names first, then ``*`` patterns
+    in the order given; a name no rule matches is learned."""
+
+    def __init__(self, rules: Mapping[str, tuple[float | None, int]] | None = None,
+                 key: bytes | None = None) -> None:
+        self.key = key
+        self.exact: dict[str, tuple[float | None, int]] = {}
+        self.patterns: list[tuple[re.Pattern[str], tuple[float | None, int]]] = []
+        for name, limit in (rules or {}).items():
+            if "*" in name:
+                regex = ".*".join(re.escape(part) for part in name.split("*"))
+                self.patterns.append((re.compile(regex, re.S), limit))
+            else:
+                self.exact[name] = limit
+        self._seen: dict[str, Scope] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.exact or self.patterns)
+
+    def scope(self, name: str) -> Scope:
+        """The scope a request names: its id and configured rate (None: learned)."""
+        scope = self._seen.get(name)
+        if scope is None:
+            limit = self.exact.get(name)
+            if limit is None:
+                limit = next((lim for regex, lim in self.patterns if regex.fullmatch(name)),
+                             (None, 1))
+            scope = Scope(scope_id(name, self.key), *limit)
+            if len(self._seen) >= 10_000:  # names may be many: remember the latest only
+                self._seen.clear()
+            self._seen[name] = scope
+        return scope
+
+    def scopes(self, value: object) -> tuple[Scope, ...]:
+        """The scopes of ``meta['exitlimit_scope']``: a string or a list of strings."""
+        if value is None or value == () or value == []:
+            return ()
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, (list, tuple)) or not all(
+                isinstance(n, str) and n for n in names):
+            raise ValueError("meta['exitlimit_scope'] must be a non-empty string or a list "
+                             f"of them, got {type(value).__name__}")
+        return tuple(sorted({self.scope(n) for n in names}, key=lambda s: s.id))
