@@ -47,6 +47,11 @@ def strategy_settings(name: str, exits: list[str], rate: float, redis_url: str =
                 "EXITLIMIT_RATE": 1000}
     if name == "exitlimit-learned":
         return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits}
+    if name == "exitlimit-scope":  # every request an account's, its rate given
+        return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits,
+                "EXITLIMIT_SCOPES": {"acct-*": {"rate": rate}}}
+    if name == "exitlimit-scope-learned":  # the same, the account's rate learned
+        return {"ADDONS": {"scrapy_exitlimit.Addon": 100}, "EXITLIMIT_EXITS": exits}
     if name.startswith("exitlimit-pool"):  # N exits: gateway sessions over the lab's proxies
         size = int(name.removeprefix("exitlimit-pool"))
         templates = [u.replace("http://", "http://bench-{session}:pw@") for u in exits]
@@ -98,7 +103,9 @@ def main() -> None:
     }
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PagesSpider)
-    process.crawl(crawler, bases=args.origin, pages=args.pages, first=args.first)
+    account = "acct-1" if "-scope" in args.strategy else ""  # the lab's --account-rate
+    process.crawl(crawler, bases=args.origin, pages=args.pages, first=args.first,
+                  account=account)
     process.start()
     spider = crawler.spider
     stats = crawler.stats.get_stats()

@@ -110,6 +110,11 @@ SCENARIOS = {
                                      "--window-reset", "epoch"], _per_ip,
                                     ["exitlimit-learned"], pages=300, rate=3.0, exits=4,
                                     timeout=120),
+    # issue 12: 4 r/s per account (the X-Account header), no per-IP limit, 10 exits; every
+    # request names the account as its exitlimit_scope, its rate given or learned
+    "account": Scenario(["--rate", "0", "--account-rate", "4"], lambda a, r: r,
+                        ["exitlimit-scope", "exitlimit-scope-learned"], pages=400, rate=4.0,
+                        timeout=200),
     # no limit at all: learned mode against a bare random-proxy crawl
     "unlimited": Scenario(["--rate", "0"], None, ["random-proxy", "exitlimit-learned"],
                           pages=3000),

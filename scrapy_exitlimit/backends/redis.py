@@ -37,7 +37,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from ..core import Candidate, Event, Lease
 from ..core.changes import ExitEvicted, Feedback, Hold, OriginHeld, PairHeld
 from ..core.limiter import INDEX_ABOVE
 from ..core.partition import share
+from ..core.scopes import Scope
 from .base import Admission, Backend
 from .channel import ScriptChannel, open_channel
 
@@ -525,8 +526,13 @@ class RedisBackend(Backend):
         self.processes = max(len(self.members), 1)
 
     # -- admission ------------------------------------------------------------
-    def admit(self, origin: str, want: int, now: float,
-              pinned: str | None = None) -> asyncio.Future:
+    def admit(self, origin: str, want: int, now: float, pinned: str | None = None,
+              scopes: Sequence[Scope] = ()) -> asyncio.Future:
+        if scopes:
+            # not yet in exitlimit.lua: refuse loudly rather than send a scope's requests
+            # unpaced, or paced by one process alone
+            raise ValueError("meta['exitlimit_scope'] is not supported by the Redis backend "
+                             "yet (EXITLIMIT_BACKEND = 'memory' supports it)")
         return asyncio.ensure_future(self._admit_and_poll(origin, want, pinned))
 
     async def _admit_and_poll(self, origin: str, want: int, pinned: str | None) -> Admission:

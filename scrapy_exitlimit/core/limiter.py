@@ -318,6 +318,8 @@ class Limiter:
         if answered:
             now = self.clock()
             pair.answered(now, now - lease.admitted_at)
+            for scope in lease.scopes:
+                self.scopes.state(scope).answered(now, now - lease.admitted_at)
         return lease
 
     # -- feedback: each answer to the laws of the keys it concerns (``feedback.py``) --

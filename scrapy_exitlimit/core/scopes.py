@@ -34,6 +34,13 @@ from .learning import RateEstimate
 
 #: a scope untouched this long (seconds), with no lease in flight, is dropped
 SCOPE_IDLE = 3600.0
+#: a scope's requests leave through many exits, each path delaying them its own way, so
+#: two paced 1/rate apart may arrive closer: a scope's interval is this much longer
+SCOPE_SPREAD = 0.02
+
+
+def _margin(rate: float, margin: float) -> float:
+    return margin + SCOPE_SPREAD / rate
 
 
 def scope_id(name: str, key: bytes | None = None) -> str:
@@ -53,7 +60,7 @@ class Scope:
 class ScopeState:
     """One scope's bucket and, when its rate is learned, its learner."""
 
-    __slots__ = ("bucket", "id", "last_admit", "last_tick", "last_used", "learner")
+    __slots__ = ("bucket", "fastest", "id", "last_admit", "last_tick", "last_used", "learner")
 
     def __init__(self, scope: Scope, *, start_rate: float, min_rate: float, max_rate: float,
                  margin: float) -> None:
@@ -61,7 +68,7 @@ class ScopeState:
         self.learner: SharedRateLearner | None = None
         self.bucket: TokenBucket | None = None
         if scope.rate is not None:
-            self.bucket = TokenBucket(scope.rate, scope.burst, margin)
+            self.bucket = TokenBucket(scope.rate, scope.burst, _margin(scope.rate, margin))
         else:
             self.learner = SharedRateLearner(
                 min_rate=min_rate, max_rate=max_rate, kind="scope",
@@ -69,6 +76,16 @@ class ScopeState:
         self.last_admit = -math.inf
         self.last_used = -math.inf
         self.last_tick = -math.inf
+        self.fastest = math.inf  # the shortest answer time seen: a path's floor
+
+    def answered(self, now: float, latency: float) -> None:
+        """A request of the scope was answered ``latency`` after admission: it reached the
+        server no later than ``now`` less the fastest answer seen, and the scope's next
+        request goes an interval after that (as a pair's does, ``pair.py``). Its requests
+        take many paths, and one that came late must not bring the next too close."""
+        self.fastest = min(self.fastest, latency)
+        if self.bucket is not None:
+            self.bucket.arrived(now - self.fastest)
 
     def budget(self, now: float, margin: float) -> TokenBucket | None:
         """The bucket to take from (a learned rate synced first; None: no limit yet)."""
@@ -84,9 +101,9 @@ class ScopeState:
         if rate is None:
             self.bucket = None
         elif self.bucket is None:
-            self.bucket = TokenBucket(rate, 1, margin)
+            self.bucket = TokenBucket(rate, 1, _margin(rate, margin))
         elif rate != self.bucket.rate:
-            self.bucket.set_rate(rate)
+            self.bucket.set_rate(rate, margin=_margin(rate, margin))
         return self.bucket
 
     @property

@@ -115,6 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--origin-rate", type=float, default=None, help="whole-origin requests/s")
     p.add_argument("--origin-burst", type=int, default=1)
+    p.add_argument("--account-rate", type=float, default=None,
+                   help="requests/s per account (the X-Account request header), any client "
+                        "IP: 429 + Retry-After over it")
     p.add_argument("--origin-status", type=int, default=503,
                    help="status answered over the whole-origin limit (default 503; nginx: 429)")
     p.add_argument("--rate-change", action="append", default=[], type=_rate_change,
@@ -191,6 +194,7 @@ def build_lab(args: argparse.Namespace) -> Lab:
         retry_after_mode=args.retry_after_mode,
         origin_rate=args.origin_rate or None,
         origin_burst=args.origin_burst,
+        account_rate=args.account_rate or None,
         origin_status=args.origin_status,
         rate_schedule=args.rate_change,
         latency=args.latency,

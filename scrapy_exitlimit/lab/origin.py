@@ -104,6 +104,9 @@ class OriginConfig:
     retry_after: float = 1.0  # seconds advertised on 429 / origin_status
     retry_after_mode: str = "seconds"  # "seconds" | "http-date" | "none"
     origin_rate: float | None = None  # whole-origin limit, checked after the per-IP one
+    #: a limit per account (the X-Account request header's value, any client IP), checked
+    #: after the per-IP one: 429 with Retry-After, as an API limiting a key
+    account_rate: float | None = None
     origin_burst: int = 1
     origin_status: int = 503
     latency: float = 0.0  # seconds before every answer
@@ -421,6 +424,7 @@ class Origin(ListeningServer):
         self._rate = cfg.rate  # the per-IP rate now in force for IPs that inherit it
         self._answers_due = list(cfg.status_at)  # scheduled answers not given yet
         self._windows: dict[str, FixedWindow] = {}
+        self._accounts: dict[bytes, GCRA] = {}
 
     def stalled(self) -> list[tuple[float, str, str]]:
         """``(arrival time, client IP, path)`` of every request the origin stalled."""
@@ -566,6 +570,16 @@ class Origin(ListeningServer):
             self._window_headers(request, window, now)
             self._limited_headers(request, limiter, now, retry_after=window.reset_in(now))
             return self._answer(request, st, 429, _error_page(429), delay)
+        account = None
+        if cfg.account_rate:
+            name = request.getHeader(b"x-account")
+            if name is not None:
+                account = self._accounts.get(name)
+                if account is None:
+                    account = self._accounts[name] = GCRA(cfg.account_rate, 1, self.clock)
+                if account.wait_time(now) > 0:
+                    self._limited_headers(request, account, now)
+                    return self._answer(request, st, 429, _error_page(429), delay)
         olimiter = self._origin_limiter
         if olimiter is not None and olimiter.wait_time(now) > 0:
             # Nothing was consumed: a rejected request must not move any schedule.
@@ -581,6 +595,8 @@ class Origin(ListeningServer):
             self._window_headers(request, window, now)
         if olimiter is not None:
             olimiter.try_acquire(now)
+        if account is not None:
+            account.try_acquire(now)
         st.accepted.append(now - self._t0)
         return self._answer(request, st, 200, _INDEX if page < 0 else _page(page, ip), delay)
 

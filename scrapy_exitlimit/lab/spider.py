@@ -21,14 +21,18 @@ class PagesSpider(scrapy.Spider):
     A broad crawl: ``bases`` (a list, or comma-separated) interleaves several origins, page
     ``first`` of every base, then page ``first+1`` of every base, ...; ``pages`` counts
     requests over all of them (``pages=3000`` over 30 bases is 100 pages each).
+
+    ``account``: every request is that account's (the ``X-Account`` header the lab's
+    ``--account-rate`` limits) and names it as its ``exitlimit_scope``.
     """
 
     name = "lab_pages"
 
     def __init__(self, base: str = "", pages: int | str = 0, first: int | str = 0,
                  keep_urls: bool | str = True, bases: str | list[str] = "",
-                 **kwargs: Any) -> None:
+                 account: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.account = account
         if isinstance(bases, str):
             bases = [b for b in bases.split(",") if b]
         self.bases = [b.rstrip("/") for b in bases] or [base.rstrip("/")]
@@ -52,7 +56,12 @@ class PagesSpider(scrapy.Spider):
         n = len(self.bases)
         for k in range(self.pages):
             url = f"{self.bases[k % n]}/page/{self.first + k // n}"
-            yield scrapy.Request(url, callback=self.parse, errback=self.error)
+            if self.account:
+                yield scrapy.Request(url, callback=self.parse, errback=self.error,
+                                     headers={"X-Account": self.account},
+                                     meta={"exitlimit_scope": self.account})
+            else:
+                yield scrapy.Request(url, callback=self.parse, errback=self.error)
 
     def parse(self, response):
         self._last = time.monotonic()
