@@ -344,7 +344,7 @@ SCRIPT_MUTANTS = [
     pytest.param("    local when = now - tonumber(back) + tonumber(interval)",
                  "    local when = now - tonumber(back)", id="release"),
     # the origin budget forgets its schedule
-    pytest.param("      otat = math.max(otat, at) + ointerval", "      otat = at + ointerval",
+    pytest.param("      b.tat = math.max(b.tat, at) + b.interval", "      b.tat = at + b.interval",
                  id="origin-budget"),
 ]
 #: TokenBucket method -> the same method with one line changed

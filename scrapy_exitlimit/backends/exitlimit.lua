@@ -9,6 +9,8 @@
 --   lease zset  per exit: lease token -> expiry; expired tokens free their place
 --   exit  hash  per exit: dead (evicted until)
 --   origin hash per origin: tat (budget GCRA), hold (503 pause end)
+--   scope hash  per named scope (an account, an API key; every exit and origin):
+--               tat (budget GCRA)
 --   learn hash  per origin: v (version), blob (what the pool learned, JSON)
 --   procs zset  process id -> heartbeat expiry
 local IDLE = 3600      -- pair/exit/origin state idle this long is forgotten
@@ -65,10 +67,11 @@ local function release_all(count, key0, arg0)
 end
 
 if op == 'admit' then
-  -- KEYS: origin, learn, (lease, pair) per release, then (pair, lease, exit) per candidate
+  -- KEYS: origin, learn, (lease, pair) per release, then (pair, lease, exit) per candidate,
+  --       then one scope key per named scope the request needs
   -- ARGV: op, want, token prefix, first lease id, lease ttl, origin interval, origin tolerance,
   --       releases R, reserve horizon, phase (0..1), then 4 per release, then (interval,
-  --       tolerance, limit, may reserve) per candidate
+  --       tolerance, limit, may reserve) per candidate, then (interval, tolerance) per scope
   -- reply: now, wait, lease blocked, learn version, then (candidate index, gap since the
   --        pair's previous admission, when it may go: 0 now, else a reserved time) per lease
   local want = tonumber(ARGV[2])
@@ -83,8 +86,34 @@ if op == 'admit' then
   release_all(releases, 3, 11)  -- first, so the places they free count now
   local kbase, abase = 2 + 2 * releases, 11 + 4 * releases
   local o = redis.call('HMGET', KEYS[1], 'tat', 'hold')
-  local otat, ohold = num(o[1], NEG), num(o[2], NEG)
-  local n = (#KEYS - kbase) / 3
+  -- n candidates and s scopes: 3n + s keys and 4n + 2s arguments are left
+  local kleft, aleft = #KEYS - kbase, #ARGV - abase + 1
+  local n = (2 * kleft - aleft) / 2
+  local s = kleft - 3 * n
+  if n < 0 or s < 0 or n ~= math.floor(n) then
+    return redis.error_reply('exitlimit: admit: ' .. kleft .. ' keys and ' .. aleft ..
+                             ' arguments left make no candidates and scopes')
+  end
+  -- the budgets every exit shares: the origin's (none while its interval is 0), then each
+  -- named scope's; a request takes a token from all of them with its pair's, or from none
+  local shared = {}
+  if ointerval > 0 then
+    shared[1] = {key = KEYS[1], interval = ointerval, tol = otol, tat = num(o[1], NEG),
+                 hold = num(o[2], NEG)}
+  end
+  for j = 1, s do
+    local key, a = KEYS[kbase + 3 * n + j], abase + 4 * n + 2 * (j - 1)
+    shared[#shared + 1] = {key = key, interval = tonumber(ARGV[a]), tol = tonumber(ARGV[a + 1]),
+                           tat = num(redis.call('HGET', key, 'tat'), NEG), hold = NEG}
+  end
+  -- when every shared budget has a token
+  local function shared_ready()
+    local ready = NEG
+    for _, b in ipairs(shared) do
+      ready = math.max(ready, b.tat - b.tol, b.hold)
+    end
+    return ready
+  end
   local c = {}
   for i = 1, n do
     local pk, lk, ek = KEYS[kbase + 3 * i - 2], KEYS[kbase + 3 * i - 1], KEYS[kbase + 3 * i]
@@ -126,8 +155,8 @@ if op == 'admit' then
   -- one lease on pair x at time `at` (now, or a reserved later time)
   local function take(i, at)
     local x = c[i]
-    if ointerval > 0 then
-      otat = math.max(otat, at) + ointerval
+    for _, b in ipairs(shared) do
+      b.tat = math.max(b.tat, at) + b.interval
     end
     local gap = at - x.last
     x.tat = math.max(x.tat, at) + x.interval
@@ -164,10 +193,10 @@ if op == 'admit' then
     if best == nil then
       break
     end
-    if ointerval > 0 then
-      local oready = math.max(otat - otol, ohold)
-      if oready > now then
-        wait = math.min(wait, oready)
+    if #shared > 0 then
+      local sready = shared_ready()
+      if sready > now then
+        wait = math.min(wait, sready)
         break
       end
     end
@@ -197,8 +226,8 @@ if op == 'admit' then
       end
     end
     table.sort(due, function(a, b) return a[2] < b[2] end)
-    if ointerval > 0 and #due > 0 then  -- an origin budget: one, when it allows
-      local at = math.max(due[1][2], otat - otol, ohold)
+    if #shared > 0 and #due > 0 then  -- shared budgets: one, when they all allow
+      local at = math.max(due[1][2], shared_ready())
       if at <= now + horizon then
         take(due[1][1], at)
       end
@@ -211,9 +240,11 @@ if op == 'admit' then
       wait = math.min(wait, opens)
     end
   end
-  if ointerval > 0 and admitted > 0 then
-    redis.call('HSET', KEYS[1], 'tat', f6(otat))
-    redis.call('EXPIRE', KEYS[1], IDLE)
+  if admitted > 0 then
+    for _, b in ipairs(shared) do
+      redis.call('HSET', b.key, 'tat', f6(b.tat))
+      redis.call('EXPIRE', b.key, IDLE)
+    end
   end
   local v = redis.call('HGET', KEYS[2], 'v') or '0'
   local reply = {f6(now), wait == math.huge and 'inf' or f6(wait), lease_blocked, v}
