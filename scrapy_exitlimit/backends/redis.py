@@ -528,15 +528,11 @@ class RedisBackend(Backend):
     # -- admission ------------------------------------------------------------
     def admit(self, origin: str, want: int, now: float, pinned: str | None = None,
               scopes: Sequence[Scope] = ()) -> asyncio.Future:
-        if scopes:
-            # not yet in exitlimit.lua: refuse loudly rather than send a scope's requests
-            # unpaced, or paced by one process alone
-            raise ValueError("meta['exitlimit_scope'] is not supported by the Redis backend "
-                             "yet (EXITLIMIT_BACKEND = 'memory' supports it)")
-        return asyncio.ensure_future(self._admit_and_poll(origin, want, pinned))
+        return asyncio.ensure_future(self._admit_and_poll(origin, want, pinned, tuple(scopes)))
 
-    async def _admit_and_poll(self, origin: str, want: int, pinned: str | None) -> Admission:
-        admission = await self._admit(origin, want, pinned)
+    async def _admit_and_poll(self, origin: str, want: int, pinned: str | None,
+                              scopes: tuple[Scope, ...] = ()) -> Admission:
+        admission = await self._admit(origin, want, pinned, scopes)
         if admission.leases or self._partition is None:
             return admission
         # while the pool is split, ask again soon whatever the answer: the split ends
@@ -544,16 +540,20 @@ class RedisBackend(Backend):
         return Admission([], min(admission.ready_at, self.clock() + PARTITION_POLL),
                          admission.release_helps)
 
-    async def _admit(self, origin: str, want: int, pinned: str | None) -> Admission:
+    async def _admit(self, origin: str, want: int, pinned: str | None,
+                     scopes: tuple[Scope, ...] = ()) -> Admission:
+        """Leases from the shared state. ``scopes``: named budgets each request also needs,
+        taken in the same call (no token of theirs is reserved ahead of time: a reserved
+        lease is an unscoped request's)."""
         if not self.shared:
-            return self._admit_locally(origin, want, pinned)
+            return self._admit_locally(origin, want, pinned, scopes)
         limiter = self.limiter
         now = self.clock()
         if origin not in limiter.origins:  # new, or forgotten while idle: learn it afresh
             self._learn_seen.pop(origin, None)
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
-        if pinned is None and origin in self._held:
+        if pinned is None and not scopes and origin in self._held:
             return self._from_held(origin, now)
         # the best few first (what this process knows of their load; in a large pool the
         # exits it used last, alone, with no plan made while they serve: the pool's other
@@ -590,10 +590,11 @@ class RedisBackend(Backend):
                 continue
             try:
                 granted, chunk_wait, blocked = await self._admit_on(
-                    origin, want - len(leases) - len(reserved), chunk, pinned is None)
+                    origin, want - len(leases) - len(reserved), chunk,
+                    pinned is None and not scopes, scopes)
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
-                return self._admit_locally(origin, want, pinned)
+                return self._admit_locally(origin, want, pinned, scopes)
             for at, lease in granted:
                 if at:
                     reserved.append((at, lease.id, lease))
@@ -683,10 +684,13 @@ class RedisBackend(Backend):
                 del self._held[origin]
 
     async def _admit_on(self, origin: str, want: int, candidates: list[Candidate],
-                        reserve: bool) -> tuple[list[tuple[float, Lease]], float, bool]:
+                        reserve: bool, scopes: tuple[Scope, ...] = ()
+                        ) -> tuple[list[tuple[float, Lease]], float, bool]:
         """One admission call on these candidates: ((when it may go: 0 now, else its
         reserved token's time; lease) each, when to ask again, whether a lease limit
-        stood in the way). ``reserve``: tokens due soon may be reserved."""
+        stood in the way). ``reserve``: tokens due soon may be reserved. ``scopes``: the
+        named budgets each lease also takes, at the rates this process paces them at
+        (configured, or learned: synced first), with the origin's."""
         limiter = self.limiter
         budget = limiter.origin_state(origin).budget.bucket
         # the releases waiting to go out ride along, applied first
@@ -706,6 +710,10 @@ class RedisBackend(Backend):
             pair = pairs.get(c.pair)
             warm = pair is not None and limiter.arrival_slack(pair) > 0
             args += [repr(c.interval), repr(c.tolerance), c.limit, 1 if warm else 0]
+        if scopes:  # after the candidates (a learned scope not limited yet has no budget)
+            for scope_key, bucket in limiter.scope_budgets(scopes):
+                keys.append(self._key("scope", scope_key))
+                args += [repr(bucket.interval), repr(bucket.tolerance)]
         reply = await self._call(keys, args)
         received = time.monotonic()
         redis_now, wait, lease_blocked, version = (float(reply[0]), float(reply[1]),
@@ -720,7 +728,7 @@ class RedisBackend(Backend):
             c = candidates[int(index) - 1]
             self._used(origin, c)
             lease = limiter.grant(origin, c.exit_id, at or redis_now, float(gap),
-                                  lease_id=first_id + i)
+                                  lease_id=first_id + i, scopes=scopes)
             self._shared_leases.add(lease.id)
             leases.append((at, lease))
         if version != self._learn_seen.get(origin):
@@ -744,11 +752,12 @@ class RedisBackend(Backend):
                                             self._key("exit", c.exit_id))
         return keys
 
-    def _admit_locally(self, origin: str, want: int, pinned: str | None) -> Admission:
+    def _admit_locally(self, origin: str, want: int, pinned: str | None,
+                       scopes: Sequence[Scope] = ()) -> Admission:
         now = self.clock()
         if self.on_error == "pause":
             return Admission([], now + LEASE_POLL * 10)
-        return self.admit_here(origin, want, now, pinned)
+        return self.admit_here(origin, want, now, pinned, scopes)
 
     # -- learned state ------------------------------------------------------------
     async def _pull_learning(self, origin: str, version: str) -> None:
@@ -810,11 +819,22 @@ class RedisBackend(Backend):
         elif lease is not None and lease_id in self._shared_leases:
             self._shared_leases.discard(lease_id)
             pair = self.limiter.pair_state(lease.origin, lease.exit_id)
+            lease_key, token, now = self._key("lease", lease.exit_id), self._token(lease_id), \
+                self.clock()
             self._releases.append((
-                [self._key("lease", lease.exit_id),
-                 self._key("pair", lease.origin, self.limiter.pair_key(lease.exit_id))],
-                (self._token(lease_id), 1 if answered else 0, self.clock(),
-                 self.limiter.arrival_slack(pair), repr(pair.bucket.interval))))
+                [lease_key, self._key("pair", lease.origin, self.limiter.pair_key(lease.exit_id))],
+                (token, 1 if answered else 0, now, self.limiter.arrival_slack(pair),
+                 repr(pair.bucket.interval))))
+            if answered:
+                # each scope's next token an interval after the request surely arrived (the
+                # fastest answer before now, as ScopeState.answered): a release of the same
+                # token (given back already) re-anchors the scope's hash as a pair's
+                for scope in lease.scopes:
+                    state = self.limiter.scopes.states.get(scope.id)
+                    if state is not None and state.bucket is not None:
+                        self._releases.append((
+                            [lease_key, self._key("scope", scope.id)],
+                            (token, 1, now, state.fastest, repr(state.bucket.interval))))
             if self._flush_timer is None:
                 self._flush_timer = asyncio.get_running_loop().call_later(
                     RELEASE_DELAY, self._flush_releases)
