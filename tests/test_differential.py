@@ -35,8 +35,14 @@ What the sequences keep to, and why:
   call.
 - The script may name an earlier time to ask again, never a later one: it looks at a
   pair's token before its exit's lease limit (an exit the call filled still counts),
-  and when the origin budget stops it, its answer is the earliest of the budget's and
-  the tokens it saw before. Elsewhere the times are equal.
+  and when a shared budget (the origin's, a named scope's) stops it, its answer is the
+  earliest of the budgets' and the tokens it saw before. Elsewhere the times are equal.
+- Named scopes (rule 17) are configured at rates whose interval, 2 % longer
+  (``scopes.SCOPE_SPREAD``), is a multiple of 1/64 s (2.04 r/s: 0.5 s); learning a
+  scope's rate is the core's alone (the script is told it, as the site rate). A scoped
+  lease's answered release re-anchors each scope as the Redis backend sends it: a
+  release of the same token onto the scope's key, with the scope's fastest answer as
+  the slack.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from hypothesis import strategies as st
 from scrapy_exitlimit.backends.redis import HOLD_FIELDS
 from scrapy_exitlimit.core import Lease, Limiter, Limits, TokenBucket, Tuning, make_exit
 from scrapy_exitlimit.core.changes import Feedback, PairHeld
+from scrapy_exitlimit.core.scopes import Scope
 
 SCRIPT = resources.files("scrapy_exitlimit.backends").joinpath("exitlimit.lua").read_text()
 TIME_LINE = "local t = redis.call('TIME')"
@@ -88,6 +95,8 @@ class Pool:
     origin_burst: int
     breaker_after: int
     breaker_cooldown: float
+    #: named scopes: (rate, burst) each
+    scopes: tuple[tuple[float, int], ...] = ()
 
 
 pools = st.builds(
@@ -108,6 +117,25 @@ step = st.one_of(
 #: long sequences (a short list is what Hypothesis draws by default), shrinking to short
 steps = st.integers(10, 60).flatmap(lambda n: st.lists(step, min_size=n, max_size=n))
 
+#: two named scopes; rates whose interval with the 2 % spread is a multiple of 1/64 s
+scope_limits = st.tuples(st.sampled_from([2.04, 4.08, 8.16, 16.32]), st.integers(1, 3))
+scoped_pools = st.builds(
+    Pool, exits=st.integers(1, 4), rate=st.sampled_from([2.0, 4.0, 8.0, 16.0]),
+    burst=st.integers(1, 3), concurrency=st.integers(1, 3),
+    origin_rate=st.sampled_from([None, None, 4.0, 16.0]), origin_burst=st.integers(1, 2),
+    breaker_after=st.integers(2, 4), breaker_cooldown=st.sampled_from([0.5, 2.0]),
+    scopes=st.tuples(scope_limits, scope_limits))
+#: an admission names no scope, the first, the second or both (bits of the mask)
+scoped_step = st.one_of(
+    st.tuples(st.just("admit"), st.integers(1, 3), st.integers(0, 3)),
+    st.tuples(st.just("admit"), st.integers(1, 3), st.integers(1, 3)),
+    st.tuples(st.just("wait"), st.integers(1, 48).map(lambda k: k * TICK)),
+    answers, answers,
+    st.tuples(st.just("cool"), st.integers(0, 3), ticks),
+)
+scoped_steps = st.integers(10, 60).flatmap(
+    lambda n: st.lists(scoped_step, min_size=n, max_size=n))
+
 
 @dataclass
 class Run:
@@ -124,6 +152,7 @@ class Run:
     leases: list[Lease] = field(default_factory=list)
     answered: dict[str, int] = field(default_factory=dict)
     next_token: int = 1
+    scopes: list[Scope] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         p = self.pool
@@ -134,6 +163,8 @@ class Run:
                         breaker_cooldown=p.breaker_cooldown)
         self.core = Limiter(exits, limits, clock=lambda: self.now, tuning=tuning,
                             rng=random.Random(0))
+        self.scopes = [Scope(f"scope~{i}", rate, burst)
+                       for i, (rate, burst) in enumerate(p.scopes)]
 
     # -- the script, as the Redis backend calls it ---------------------------------
     def key(self, kind: str, *parts: str) -> str:
@@ -158,8 +189,9 @@ class Run:
                                repr(change.tolerance)])
 
     # -- steps -------------------------------------------------------------------
-    def admit(self, want: int) -> None:
+    def admit(self, want: int, mask: int = 0) -> None:
         core, now = self.core, self.now
+        scopes = [scope for i, scope in enumerate(self.scopes) if mask >> i & 1]
         ostate = core.origin_state(ORIGIN)
         # what the core rules out locally, as its plan does: dead exits, exits it fills,
         # pairs waiting for an answer; the rest go to the script in pool order
@@ -179,7 +211,7 @@ class Run:
         granted: list[Lease] = []
         core_wait = now
         while len(granted) < want:
-            got = core.try_admit(ORIGIN, now)
+            got = core.try_admit(ORIGIN, now, scopes=scopes)
             if not isinstance(got, Lease):
                 core_wait = got
                 break
@@ -196,6 +228,10 @@ class Run:
                      self.key("lease", exit_id), self.key("exit", exit_id)]
             args += [repr(pair.bucket.interval), repr(pair.bucket.tolerance),
                      core.exits[exit_id].limit, 0]
+        scope_budgets = core.scope_budgets(scopes, now)
+        for scope_key, bucket in scope_budgets:  # as RedisBackend._admit_on
+            keys.append(self.key("scope", scope_key))
+            args += [repr(bucket.interval), repr(bucket.tolerance)]
         reply = self.call(keys, args) if candidates else [repr(now), "inf", 0, "0"]
         script_wait = float(reply[1])
         script = [(candidates[int(i) - 1], float(gap))
@@ -214,18 +250,19 @@ class Run:
             # never later; equal unless the script saw a token before the lease limit or
             # the origin budget stopped it (see the module docstring)
             assert script_wait <= core_wait + EPS, (now, script_wait, core_wait)
-            if not self._script_may_wake_early(candidates):
+            if not self._script_may_wake_early(candidates, bool(scope_budgets)):
                 assert script_wait == pytest.approx(core_wait, abs=EPS), (now, script_wait,
                                                                          core_wait)
 
-    def _script_may_wake_early(self, candidates: list[str]) -> bool:
+    def _script_may_wake_early(self, candidates: list[str], scoped: bool = False) -> bool:
         core, now = self.core, self.now
         ostate = core.origin_state(ORIGIN)
         for exit_id in candidates:
             pair = core.pair_state(ORIGIN, exit_id)
             ready = pair.ready_at(now) <= now
             full = core.exits[exit_id].in_flight >= core.exits[exit_id].limit
-            if (full and not ready) or (ready and not full and ostate.budget.bucket):
+            if (full and not ready) or (ready and not full
+                                        and (ostate.budget.bucket or scoped)):
                 return True
         return False
 
@@ -255,9 +292,15 @@ class Run:
         core.release(lease.id, answered)
         if answered:
             self.answered[lease.pair] = self.answered.get(lease.pair, 0) + 1
-        self.call([self.key("lease", lease.exit_id), self.key("pair", ORIGIN, lease.pair)],
-                  ["release", self.tokens.pop(lease.id), 1 if answered else 0, repr(slack),
-                   repr(interval)])
+        token = self.tokens.pop(lease.id)
+        keys = [self.key("lease", lease.exit_id), self.key("pair", ORIGIN, lease.pair)]
+        args = ["release", token, 1 if answered else 0, repr(slack), repr(interval)]
+        if answered:  # each scope re-anchored, as RedisBackend.release sends it
+            for scope in lease.scopes:
+                state = core.scopes.states[scope.id]
+                keys += [self.key("lease", lease.exit_id), self.key("scope", scope.id)]
+                args += [token, 1, repr(state.fastest), repr(state.bucket.interval)]
+        self.call(keys, args)
 
     def cool(self, index: int, seconds: float) -> None:
         exit_id = list(self.core.exits)[index % len(self.core.exits)]
@@ -277,7 +320,7 @@ def drive(client, lua: str, pool: Pool, sequence: list) -> Run:
     run = Run(client, client.register_script(lua), pool, f"diff{next(RUNS)}")
     for step in sequence:
         if step[0] == "admit":
-            run.admit(step[1])
+            run.admit(*step[1:])
         elif step[0] == "wait":
             run.now += step[1]
         elif step[0] == "answer":
@@ -292,6 +335,25 @@ def drive(client, lua: str, pool: Pool, sequence: list) -> Run:
 @given(pools, steps)
 def test_the_script_and_the_core_grant_alike(client, pool, sequence):
     drive(client, script_on_test_clock(SCRIPT), pool, sequence)
+
+
+@SETTINGS
+@given(scoped_pools, scoped_steps)
+def test_with_named_scopes_the_script_and_the_core_grant_alike(client, pool, sequence):
+    drive(client, script_on_test_clock(SCRIPT), pool, sequence)
+
+
+def test_a_scoped_sequence_takes_scope_tokens_on_both_sides(client):
+    """The scoped strategy is not vacuous: a scope's budget, not a pair's, holds the
+    second request (the two exits are free and ready) on both sides alike."""
+    pool = Pool(exits=2, rate=16.0, burst=1, concurrency=1, origin_rate=None,
+                origin_burst=1, breaker_after=4, breaker_cooldown=0.5,
+                scopes=((2.04, 1), (16.32, 1)))
+    run = drive(client, script_on_test_clock(SCRIPT), pool,
+                [("admit", 1, 3), ("wait", 0.0625), ("admit", 1, 1)])
+    # the scoped second admission got nothing; the final unscoped admit(3) is not held up
+    # by the scope (the other exit), and the first exit waits for its answer
+    assert [lease.scopes for lease in run.leases] == [tuple(run.scopes), ()]
 
 
 #: a pace that changes between two admissions, each way
@@ -347,6 +409,18 @@ SCRIPT_MUTANTS = [
     pytest.param("      b.tat = math.max(b.tat, at) + b.interval", "      b.tat = at + b.interval",
                  id="origin-budget"),
 ]
+#: (line of the script, the same line changed): named scopes' arithmetic
+SCOPE_MUTANTS = [
+    # a scope's burst is ignored (its tolerance read as 0)
+    pytest.param("    shared[#shared + 1] = {key = key, interval = tonumber(ARGV[a]), "
+                 "tol = tonumber(ARGV[a + 1]),",
+                 "    shared[#shared + 1] = {key = key, interval = tonumber(ARGV[a]), tol = 0,",
+                 id="scope-burst"),
+    # a scope forgets its schedule between calls
+    pytest.param("                           tat = num(redis.call('HGET', key, 'tat'), NEG), "
+                 "hold = NEG}",
+                 "                           tat = NEG, hold = NEG}", id="scope-schedule"),
+]
 #: TokenBucket method -> the same method with one line changed
 CORE_MUTANTS = {
     "consume": lambda self, now: setattr(self, "tat", now + self._interval),
@@ -357,9 +431,9 @@ MUTANT_SEARCH = settings(SETTINGS, derandomize=True, database=None, phases=[Phas
                          report_multiple_bugs=False)
 
 
-def find_divergence(client, lua: str) -> None:
+def find_divergence(client, lua: str, scoped: bool = False) -> None:
     @MUTANT_SEARCH
-    @given(pools, steps)
+    @given(scoped_pools if scoped else pools, scoped_steps if scoped else steps)
     def search(pool, sequence):
         drive(client, lua, pool, sequence)
 
@@ -379,3 +453,11 @@ def test_a_one_line_change_to_the_core_fails_it(client, monkeypatch, method):
     monkeypatch.setattr(TokenBucket, method, CORE_MUTANTS[method])
     with pytest.raises(AssertionError):
         find_divergence(client, script_on_test_clock(SCRIPT))
+
+
+@pytest.mark.parametrize(("line", "changed"), SCOPE_MUTANTS)
+def test_a_one_line_change_to_the_scripts_scope_arithmetic_fails_it(client, line, changed):
+    lua = script_on_test_clock(SCRIPT)
+    assert lua.count(line + "\n") == 1
+    with pytest.raises(AssertionError):
+        find_divergence(client, lua.replace(line + "\n", changed + "\n"), scoped=True)
