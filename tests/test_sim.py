@@ -26,7 +26,7 @@ FLOORS = {
     ("tighten", "known"): (0.77, 0.109),
     ("loosen", "learned"): (0.68, 0.018),
     ("loosen", "known"): (0.81, 0.001),
-    ("burst", "learned"): (0.96, 0.022),
+    ("burst", "learned"): (0.84, 0.026),
     ("burst", "known"): (0.94, 0.001),
     ("fixed-window", "learned"): (0.75, 0.126),
     ("fixed-window", "known"): (0.97, 0.001),

@@ -190,7 +190,9 @@ class SharedRateLearner:
         if pace < 0.9 * target:
             return []  # demand, not the budget, set the pace: nothing learned
         before = site.lo
-        site.confirmed(min(pace, target), now)  # what really ran clean
+        # what really ran clean (the budget's own pace when within 5 % of it: a client
+        # that runs a little behind would otherwise creep up in ever smaller steps)
+        site.confirmed(target if pace >= 0.95 * target else pace, now)
         if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
             self.site = None  # no site limit left to respect
             return [Event(f"{self.kind}_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
@@ -222,14 +224,15 @@ class SharedRateLearner:
             # early in a crawl these are counts over a fraction of a second: read them
             # as per whole second, or the first burst (one request per exit) would pass
             # for a rate the site never took
-            offered = self.admitted_rate(now, least=1.0)
-            accepted = self.accepted_rate(now, least=1.0)
+            offered = self.admitted_rate(now)
+            accepted = self.accepted_rate(now)
             top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
             # where the site took requests, but never under half what was sent
             start = max(accepted, offered / 2, self.min_rate)
             site = self.site = RateEstimate(min(start, top), floor=self.min_rate, ceiling=top)
-            if now - self.first_admission >= 1.0:  # (the first burst tells no rate)
-                site.hi = site.seen = max(offered, site.lo)
+            # no ceiling yet: what was sent on average tells little (a strict limit
+            # refuses a burst of a few requests however slow the average); slow start
+            # from where the site took requests finds it in a few steps
             site.changed_at = now
             return [Event(f"{self.kind}_limited", origin, None,
                           f"429s on {spread} exits: the site takes {site.lo:.3g} r/s "
