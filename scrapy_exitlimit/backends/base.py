@@ -76,6 +76,10 @@ class Backend:
         """The crawl ended: stop background work."""
         return None
 
+    def recalled(self, origins: list[str]) -> None:
+        """These origins start from what an earlier run learned (EXITLIMIT_STATE_FILE),
+        recalled into ``self.limiter`` before ``open``; a shared backend shares it."""
+
     def describe(self) -> str:
         return "memory"
 
