@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--redis", default="", help="Redis URL for the exitlimit-redis* strategies")
     ap.add_argument("--concurrent-items", type=int, default=0,
                     help="CONCURRENT_ITEMS (Scrapy starts that many tasks per response)")
+    ap.add_argument("--state-file", default="", help="EXITLIMIT_STATE_FILE (a warm start)")
     args = ap.parse_args()
     exits = args.exits.split(",")
     settings = {
@@ -82,6 +83,7 @@ def main() -> None:
         "CLOSESPIDER_TIMEOUT": args.timeout,
         **({"CONCURRENT_ITEMS": args.concurrent_items} if args.concurrent_items else {}),
         **strategy_settings(args.strategy, exits, args.rate, args.redis),
+        **({"EXITLIMIT_STATE_FILE": args.state_file} if args.state_file else {}),
     }
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PagesSpider)
