@@ -77,6 +77,12 @@ def parse(text: str) -> tuple[Origins, float | None]:
     origins = data.get("origins")
     if not isinstance(origins, dict):
         raise StateFileError("no origins table")
+    written = data.get("written")
+    return parse_origins(origins), _time(written, "written") if written is not None else None
+
+
+def parse_origins(origins: Mapping[str, Any]) -> Origins:
+    """The origins table of a state file, checked (StateFileError when it is broken)."""
     out = {}
     for origin, entry in origins.items():
         where = f"origin {_short(origin)}"
@@ -92,8 +98,7 @@ def parse(text: str) -> tuple[Origins, float | None]:
             "pairs": {exit_id: _pair(pair, f"{where}, pair {_short(exit_id)}")
                       for exit_id, pair in pairs.items()},
         }
-    written = data.get("written")
-    return out, _time(written, "written") if written is not None else None
+    return out
 
 
 def _pair(pair: Any, where: str) -> dict[str, Any]:
@@ -359,4 +364,4 @@ def _cut(text: str, width: int) -> str:
 
 
 __all__ = ["FORMAT", "SETTING", "VERSION", "StateFile", "StateFileError", "dump", "merge",
-           "parse", "read", "show", "write"]
+           "parse", "parse_origins", "read", "show", "write"]

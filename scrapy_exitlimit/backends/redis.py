@@ -46,6 +46,8 @@ from twisted.internet.defer import Deferred
 from ..core import Candidate, Event, Lease
 from ..core.limiter import INDEX_ABOVE
 from ..core.partition import share
+from ..core.warm import recall, remember
+from ..state_file import StateFileError, parse_origins
 from .base import Admission, Backend
 from .channel import ScriptChannel, open_channel
 
@@ -111,6 +113,8 @@ LEARN_CHECK_PAIRS = 200
 NOT_LEARNED = frozenset({"concurrency_increase", "concurrency_decrease", "cooldown",
                          "pair_banned", "evicted", "recovered", "breaker_open",
                          "quota_exhausted", "origin_timeout", "exit_ip_changed"})
+#: how often the learned state of the origins in use is kept alive in Redis (seconds)
+LEARN_TOUCH = 60.0
 ON_ERROR = ("local", "pause")
 #: scrapy-redis settings -> redis-py arguments
 _SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
@@ -188,6 +192,7 @@ class RedisBackend(Backend):
         self._keys: dict[Any, tuple[str, ...]] = {}
         self._learn_seen: dict[str, str] = {}  # origin -> version this process knows
         self._marks: dict[str, tuple] = {}  # origin -> learning_mark at the last sync
+        self._warmed: set[str] = set()  # origins started from Redis's warm copy
         self._mark_checked: dict[str, float] = {}  # origin -> when it was last looked at
         self._publishing: set[str] = set()
         self._shared_leases: set[int] = set()
@@ -208,6 +213,10 @@ class RedisBackend(Backend):
         #: large pools: origin -> the exits used last (most recent last) and their candidacy
         self._warm: dict[str, dict[str, Candidate]] = {}
         self._planned: dict[str, float] = {}  # origin -> when it was last planned
+        #: what was learned is kept this long after it was last written or used
+        #: (EXITLIMIT_STATE_MAX_AGE): the next run starts from it
+        self.learn_ttl = max(1, math.ceil(config.state_max_age))
+        self._touched = -math.inf  # when the learned state of used origins was last kept
         self.round_trips = 0
         self.calls: dict[str, int] = {}  # script calls by operation
         self.empty_admissions = 0  # admission calls that granted nothing
@@ -330,8 +339,12 @@ class RedisBackend(Backend):
         return Deferred.fromFuture(asyncio.ensure_future(self._release_all(client)))
 
     async def _release_all(self, client: aioredis.Redis) -> None:
-        """Leases still held at close go back now, not when they expire."""
+        """Leases still held at close go back now, not when they expire; what was learned
+        for the origins used is kept EXITLIMIT_STATE_MAX_AGE from now."""
         try:
+            used = self._used_since(self._touched)
+            if self.shared and used:
+                await self._script(keys=used, args=["learn_touch", self.learn_ttl])
             if self.shared:  # one call (the keys share a slot: a Cluster takes it too)
                 keys, args = self._take_releases()
                 for lease_id in list(self._shared_leases):
@@ -346,6 +359,31 @@ class RedisBackend(Backend):
             logger.debug("exitlimit: could not hand leases back to Redis at close: %s", exc)
         finally:
             await client.aclose()
+
+    def _used_since(self, since: float) -> list[str]:
+        """Learn keys of the origins this process admitted for since ``since``."""
+        return [self._origin_keys(origin)[1] for origin, at in self._planned.items()
+                if at > since]
+
+    def _keep_learned(self) -> None:
+        """Every LEARN_TOUCH: what was learned for the origins in use stays while they are
+        (a converged pool may go long without a change that writes it)."""
+        now = self.clock()
+        if now - self._touched < LEARN_TOUCH or not self.shared:
+            return
+        used = self._used_since(self._touched)
+        self._touched = now
+        if used:
+            self._spawn(self._shared_op(used, ["learn_touch", self.learn_ttl]))
+
+    def recalled(self, origins: list[str]) -> None:
+        """What EXITLIMIT_STATE_FILE held goes into Redis where Redis has nothing for the
+        origin (compare-and-set from version 0: a Redis that has it keeps its own, and
+        this process adopts that)."""
+        for origin in origins:
+            self._learn_seen[origin] = "0"
+            self._marks.pop(origin, None)
+            self._sync_learning(origin, urgent=True)
 
     def _token(self, lease_id: int) -> str:
         return f"{self.process_id}:{lease_id}"
@@ -514,6 +552,7 @@ class RedisBackend(Backend):
                 if reply is not None:
                     self._saw_members(reply)
                     self._check_handover(float(reply[0]))
+                self._keep_learned()
             self._drop_late_held()
             await asyncio.sleep(HEARTBEAT)
 
@@ -545,8 +584,13 @@ class RedisBackend(Backend):
         now = self.clock()
         if origin not in limiter.origins:  # new, or forgotten while idle: learn it afresh
             self._learn_seen.pop(origin, None)
+            self._warmed.discard(origin)
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
+        if origin not in self._learn_seen:  # first met: start from what Redis holds
+            await self._pull_learning(origin, "")
+            if not self.shared:
+                return self._admit_locally(origin, want, only)
         if only is None and origin in self._held:
             return self._from_held(origin, now)
         # the best few first (what this process knows of their load; in a large pool the
@@ -758,8 +802,29 @@ class RedisBackend(Backend):
         if not blob:  # nothing there (a restarted Redis): what this process knows goes in
             self._marks.pop(origin, None)
             return
-        self.limiter.import_learning(origin, json.loads(blob))
+        data = json.loads(blob)
+        if not self._warm_start(origin, data):
+            self.limiter.import_learning(origin, data)
         self._marks[origin] = self.limiter.learning_mark(origin)
+
+    def _warm_start(self, origin: str, data: dict[str, Any]) -> bool:
+        """A process new to the origin (none of its pairs has answered enough to know its
+        arrival jitter) starts from the blob's ``warm`` copy, as from a state file: the
+        pace that ran clean, with the jitter allowance of the pairs that learned it
+        folded in (its own pairs do not allow for any yet; core/warm.py)."""
+        warm = data.get("warm")
+        ostate = self.limiter.origins.get(origin)
+        if warm is None or origin in self._warmed or ostate is not None and any(
+                self.limiter.arrival_slack(pair) > 0 for pair in ostate.pairs.values()):
+            return False
+        self._warmed.add(origin)
+        try:
+            got = recall(self.limiter, parse_origins({origin: warm}), wall_now=time.time(),
+                         max_age=self.config.state_max_age)
+        except StateFileError as exc:
+            logger.warning("exitlimit: what Redis holds for %s cannot be used: %s", origin, exc)
+            return False
+        return bool(got.origins)
 
     def _sync_learning(self, origin: str, urgent: bool = False) -> None:
         """Publish what this process learned since it last synced (one update in flight)."""
@@ -779,10 +844,15 @@ class RedisBackend(Backend):
 
     async def _publish(self, origin: str, mark: tuple) -> None:
         try:
-            blob = json.dumps(self.limiter.export_learning(origin))
+            data = self.limiter.export_learning(origin)
+            # and as a state file has it: what a process that starts later begins from
+            warm = remember(self.limiter, time.time() - self.clock(), [origin]).get(origin)
+            if warm is not None:
+                data["warm"] = warm
+            blob = json.dumps(data)
             base = self._learn_seen.get(origin, "0")
             reply = await self._shared_op([self._key("learn", origin)],
-                                          ["learn_put", base, blob])
+                                          ["learn_put", base, blob, self.learn_ttl])
             if reply is None:
                 return
             ok, version, current = int(reply[0]), str(reply[1]), reply[2]

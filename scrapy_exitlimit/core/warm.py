@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +44,16 @@ class Recalled:
     gone_pairs: int = 0
 
 
-def remember(limiter: Limiter, offset: float) -> dict[str, dict[str, Any]]:
+def remember(limiter: Limiter, offset: float,
+             origins: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
     """origin -> {"at", "pool", "site", "pairs": {exit id: {"at", "own"}}}, for the
-    origins admitted on in this run; ``offset``: wall-clock time minus the limiter's."""
+    origins admitted on in this run (of ``origins``, when given); ``offset``: wall-clock
+    time minus the limiter's."""
     out: dict[str, dict[str, Any]] = {}
-    for origin, ostate in limiter.origins.items():
+    for origin in limiter.origins if origins is None else origins:
+        ostate = limiter.origins.get(origin)
+        if ostate is None:
+            continue
         learner = ostate.learner
         if not math.isfinite(learner.first_admission):
             continue  # not crawled in this run: nothing new to say
