@@ -13,7 +13,9 @@ a killed process frees its places within ``LEASE_TTL``), the origin budget,
 and what the pool learned per origin (a versioned blob, updated by
 compare-and-set: an update made from stale knowledge loses and the current
 state is adopted, so one congestion event lowers the rate once across all
-processes).
+processes). The blob outlives the processes (EXITLIMIT_STATE_MAX_AGE after its
+last write or use): processes started later begin from it (warm start), and an
+EXITLIMIT_STATE_FILE seeds a Redis that has nothing for an origin.
 
 When Redis goes away mid-crawl the crawl goes on, by default on local state:
 the processes the heartbeat last showed split the exits between them by
@@ -192,7 +194,6 @@ class RedisBackend(Backend):
         self._keys: dict[Any, tuple[str, ...]] = {}
         self._learn_seen: dict[str, str] = {}  # origin -> version this process knows
         self._marks: dict[str, tuple] = {}  # origin -> learning_mark at the last sync
-        self._warmed: set[str] = set()  # origins started from Redis's warm copy
         self._mark_checked: dict[str, float] = {}  # origin -> when it was last looked at
         self._publishing: set[str] = set()
         self._shared_leases: set[int] = set()
@@ -342,9 +343,8 @@ class RedisBackend(Backend):
         """Leases still held at close go back now, not when they expire; what was learned
         for the origins used is kept EXITLIMIT_STATE_MAX_AGE from now."""
         try:
-            used = self._used_since(self._touched)
-            if self.shared and used:
-                await self._script(keys=used, args=["learn_touch", self.learn_ttl])
+            if self.shared:
+                await self._last_word(self._script)
             if self.shared:  # one call (the keys share a slot: a Cluster takes it too)
                 keys, args = self._take_releases()
                 for lease_id in list(self._shared_leases):
@@ -359,6 +359,31 @@ class RedisBackend(Backend):
             logger.debug("exitlimit: could not hand leases back to Redis at close: %s", exc)
         finally:
             await client.aclose()
+
+    async def _last_word(self, script: Any) -> None:
+        """At close, what this process learned goes in once more (compare-and-set: a
+        newer update by another process stands): its warm copy then carries the arrival
+        jitter its pairs measured by the end, for processes started later; and what was
+        learned for the origins used is kept EXITLIMIT_STATE_MAX_AGE from now."""
+        used = [o for o, at in self._planned.items() if at > -math.inf]
+        for origin in used:
+            if origin in self.limiter.origins and origin in self._learn_seen:
+                await script(keys=[self._key("learn", origin)],
+                             args=["learn_put", self._learn_seen[origin],
+                                   json.dumps(self._learning_blob(origin)), self.learn_ttl])
+        if used:
+            await script(keys=[self._origin_keys(o)[1] for o in used],
+                         args=["learn_touch", self.learn_ttl])
+
+    def _learning_blob(self, origin: str) -> dict[str, Any]:
+        """What is published for the origin: what this process learned (times on the
+        Redis clock), and a copy as a state file keeps it (core/warm.py), which a process
+        started later begins from."""
+        data = self.limiter.export_learning(origin)
+        warm = remember(self.limiter, time.time() - self.clock(), [origin]).get(origin)
+        if warm is not None:
+            data["warm"] = warm
+        return data
 
     def _used_since(self, since: float) -> list[str]:
         """Learn keys of the origins this process admitted for since ``since``."""
@@ -584,7 +609,6 @@ class RedisBackend(Backend):
         now = self.clock()
         if origin not in limiter.origins:  # new, or forgotten while idle: learn it afresh
             self._learn_seen.pop(origin, None)
-            self._warmed.discard(origin)
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
         if origin not in self._learn_seen:  # first met: start from what Redis holds
@@ -795,6 +819,8 @@ class RedisBackend(Backend):
         except (redis.RedisError, OSError) as exc:
             self._lost(exc)
             return
+        if str(got_version) != "0" and str(got_version) == self._learn_seen.get(origin):
+            return  # adopted already (two pulls at once), or this process's own
         self._adopt(origin, str(got_version), blob)
 
     def _adopt(self, origin: str, version: str, blob: str) -> None:
@@ -814,10 +840,9 @@ class RedisBackend(Backend):
         folded in (its own pairs do not allow for any yet; core/warm.py)."""
         warm = data.get("warm")
         ostate = self.limiter.origins.get(origin)
-        if warm is None or origin in self._warmed or ostate is not None and any(
+        if warm is None or ostate is not None and any(
                 self.limiter.arrival_slack(pair) > 0 for pair in ostate.pairs.values()):
             return False
-        self._warmed.add(origin)
         try:
             got = recall(self.limiter, parse_origins({origin: warm}), wall_now=time.time(),
                          max_age=self.config.state_max_age)
@@ -844,12 +869,7 @@ class RedisBackend(Backend):
 
     async def _publish(self, origin: str, mark: tuple) -> None:
         try:
-            data = self.limiter.export_learning(origin)
-            # and as a state file has it: what a process that starts later begins from
-            warm = remember(self.limiter, time.time() - self.clock(), [origin]).get(origin)
-            if warm is not None:
-                data["warm"] = warm
-            blob = json.dumps(data)
+            blob = json.dumps(self._learning_blob(origin))
             base = self._learn_seen.get(origin, "0")
             reply = await self._shared_op([self._key("learn", origin)],
                                           ["learn_put", base, blob, self.learn_ttl])
