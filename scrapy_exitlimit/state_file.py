@@ -234,7 +234,6 @@ class StateFile:
         #: state is written)
         self.problem: str | None = None
         self.saved_at = wall()
-        self.saves = 0
 
     def __repr__(self) -> str:
         return f"<StateFile {str(self.path)!r}>"
@@ -279,7 +278,6 @@ class StateFile:
             logger.warning("exitlimit: %s (%s) cannot be written: %s", SETTING, self.path,
                            _reason(exc))
             return False
-        self.saves += 1
         return True
 
     def _unusable(self, why: str, what: str) -> None:
@@ -289,6 +287,8 @@ class StateFile:
         self.problem = why
 
     def _keep_aside(self) -> None:
+        if not self.path.is_file():  # a directory named by mistake stays where it is
+            return
         aside = self.path.with_name(self.path.name + ".unreadable")
         try:
             os.replace(self.path, aside)

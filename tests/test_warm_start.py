@@ -304,6 +304,17 @@ def test_a_corrupt_file_is_a_warning_naming_the_setting_and_kept_until_a_good_st
     assert (tmp_path / "state.json.unreadable").read_text() == before  # kept aside
 
 
+def test_a_directory_named_as_the_state_file_is_left_alone(tmp_path, caplog):
+    (tmp_path / "state.json").mkdir()
+    sf = StateFile(tmp_path / "state.json", save_interval=300, max_age=DAY)
+    with caplog.at_level(logging.WARNING):
+        assert sf.load(limiter(FakeClock(0.0))) is None
+        assert not sf.save(learned(FakeClock(0.0), OriginModel(per_ip=lambda: Gcra(5.0))))
+    assert (tmp_path / "state.json").is_dir()
+    assert not (tmp_path / "state.json.unreadable").exists()
+    assert "cannot be read" in caplog.text and "cannot be written" in caplog.text
+
+
 def test_a_state_file_in_a_missing_directory_is_a_warning_not_an_error(tmp_path, caplog):
     sf = StateFile(tmp_path / "no" / "such" / "state.json", save_interval=300, max_age=DAY)
     with caplog.at_level(logging.WARNING):
