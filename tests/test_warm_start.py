@@ -104,10 +104,20 @@ def test_a_warm_limiter_skips_discovery_and_paces_every_exit_at_the_learned_rate
     assert got.origins == [SITE]
     learner = warm.origin_state(SITE).learner
     assert learner.pool.proven and learner.pool.lo == pool["clean"]
-    # every exit goes at once, then each at the learned pace: no scout, no slow start
-    leases = [warm.try_admit(SITE) for _ in range(4)]
-    assert all(not isinstance(x, float) for x in leases)
-    assert {lease.rate for lease in leases} == {pool["clean"]}
+    # every exit within one interval (staggered over it, not in step), each at the
+    # learned pace: no scout, no slow start
+    interval = 1 / pool["clean"]
+    leases = []
+    while clock2.now < 50.0 + interval:
+        got = warm.try_admit(SITE)
+        if isinstance(got, float):
+            clock2.now = got
+        else:
+            leases.append((clock2.now, got))
+    assert len({lease.exit_id for _, lease in leases}) == 4
+    starts = sorted(at for at, _ in leases)
+    assert [round(b - a, 6) for a, b in zip(starts, starts[1:])] == [round(interval / 4, 6)] * 3
+    assert {lease.rate for _, lease in leases} == {pool["clean"]}
     assert learner.scout is None
 
 
@@ -136,7 +146,8 @@ def test_stale_origins_and_pairs_are_ignored():
                  max_age=DAY)
     assert got.origins == [SITE] and got.stale_origins == 1 and got.stale_pairs == 1
     assert "http://old.test" not in lim.origins
-    assert not lim.origin_state(SITE).pairs  # the stale pair was not recalled
+    # the stale pair was not recalled
+    assert all(p.own is None for p in lim.origin_state(SITE).pairs.values())
 
 
 def test_pairs_of_exits_no_longer_in_the_pool_are_dropped_and_the_rest_recalled():

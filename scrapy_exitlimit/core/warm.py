@@ -29,7 +29,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .limiter import Limiter, PairState
+from .limiter import INDEX_ABOVE, Limiter, PairState
+
+#: pools up to this size start staggered (larger ones use the limiter's index)
+STAGGER_MAX = INDEX_ABOVE
 
 
 @dataclass
@@ -77,6 +80,19 @@ def remember(limiter: Limiter, offset: float,
     return out
 
 
+def _stagger(limiter: Limiter, origin: str, now: float) -> None:
+    """Spread the exits' first requests over one interval of the recalled rate: pairs
+    that start together at the same rate stay in step, so one stall of the client (or
+    of a shared backend) delays a request on every exit at once, and the 429s that
+    follow, on many exits within a moment, read as a site-wide limit."""
+    exits = list(limiter.exits)
+    if len(exits) > STAGGER_MAX:
+        return  # a large pool is brought in a few exits at a time anyway
+    interval = 1.0 / limiter.origin_state(origin).learner.pool.lo
+    for i, exit_id in enumerate(exits):
+        limiter.pair_state(origin, exit_id).bucket.hold_until(now + interval * i / len(exits))
+
+
 def _allowance(limiter: Limiter, pair: PairState, near_limit: bool) -> float:
     """What the pair's pacing adds for arrival jitter (as ``Limiter`` does near a limit)."""
     if not near_limit or not pair.spread:
@@ -96,6 +112,7 @@ def recall(limiter: Limiter, origins: Mapping[str, Mapping[str, Any]], *, wall_n
         ostate = limiter.origin_state(origin)
         ostate.learner.recall(entry, now)
         got.origins.append(origin)
+        _stagger(limiter, origin, now)
         for exit_id, pair in (entry.get("pairs") or {}).items():
             if wall_now - pair["at"] > max_age:
                 got.stale_pairs += 1
