@@ -194,6 +194,8 @@ class RedisBackend(Backend):
         self._keys: dict[Any, tuple[str, ...]] = {}
         self._learn_seen: dict[str, str] = {}  # origin -> version this process knows
         self._marks: dict[str, tuple] = {}  # origin -> learning_mark at the last sync
+        #: origins started warm whose stagger is not in the shared schedules yet
+        self._stagger_due: set[str] = set()
         self._mark_checked: dict[str, float] = {}  # origin -> when it was last looked at
         self._publishing: set[str] = set()
         self._shared_leases: set[int] = set()
@@ -408,6 +410,7 @@ class RedisBackend(Backend):
         for origin in origins:
             self._learn_seen[origin] = "0"
             self._marks.pop(origin, None)
+            self._stagger_due.add(origin)
             self._sync_learning(origin, urgent=True)
 
     def _token(self, lease_id: int) -> str:
@@ -615,6 +618,8 @@ class RedisBackend(Backend):
             await self._pull_learning(origin, "")
             if not self.shared:
                 return self._admit_locally(origin, want, only)
+        if origin in self._stagger_due:
+            await self._stagger(origin)
         if only is None and origin in self._held:
             return self._from_held(origin, now)
         # the best few first (what this process knows of their load; in a large pool the
@@ -833,6 +838,21 @@ class RedisBackend(Backend):
             self.limiter.import_learning(origin, data)
         self._marks[origin] = self.limiter.learning_mark(origin)
 
+    async def _stagger(self, origin: str) -> None:
+        """A warm start's stagger (core/warm.py) into the shared pair schedules, before
+        the first admission: held until each pair's first turn (the later deadline wins,
+        so processes starting together do not undo each other's)."""
+        self._stagger_due.discard(origin)
+        now, ops = self.clock(), []
+        ostate = self.limiter.origins.get(origin)
+        for exit_id, pair in (ostate.pairs.items() if ostate is not None else ()):
+            ready = pair.bucket.ready_at(now)
+            if ready > now and exit_id in self.limiter.exits:
+                ops.append(self._shared_op([self._key("pair", origin, exit_id)],
+                                           ["hold", "cool", repr(ready - now),
+                                            repr(pair.bucket.tolerance)]))
+        await asyncio.gather(*ops)
+
     def _warm_start(self, origin: str, data: dict[str, Any]) -> bool:
         """A process new to the origin (none of its pairs has answered enough to know its
         arrival jitter) starts from the blob's ``warm`` copy, as from a state file: the
@@ -849,6 +869,8 @@ class RedisBackend(Backend):
         except StateFileError as exc:
             logger.warning("exitlimit: what Redis holds for %s cannot be used: %s", origin, exc)
             return False
+        if got.origins:
+            self._stagger_due.add(origin)
         return bool(got.origins)
 
     def _sync_learning(self, origin: str, urgent: bool = False) -> None:
