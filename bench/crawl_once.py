@@ -60,6 +60,16 @@ def strategy_settings(name: str, exits: list[str], rate: float, redis_url: str =
     raise SystemExit(f"unknown strategy {name!r}")
 
 
+def _setting(value: str) -> tuple[str, object]:
+    name, sep, raw = value.partition("=")
+    if not sep:
+        raise SystemExit(f"--set expects NAME=VALUE, got {value!r}")
+    try:
+        return name, json.loads(raw)
+    except ValueError:
+        return name, raw
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--strategy", required=True)
@@ -74,6 +84,8 @@ def main() -> None:
     ap.add_argument("--concurrent-items", type=int, default=0,
                     help="CONCURRENT_ITEMS (Scrapy starts that many tasks per response)")
     ap.add_argument("--state-file", default="", help="EXITLIMIT_STATE_FILE (a warm start)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a Scrapy setting over the strategy's (VALUE parsed as JSON when it is)")
     args = ap.parse_args()
     exits = args.exits.split(",")
     settings = {
@@ -84,6 +96,7 @@ def main() -> None:
         **({"CONCURRENT_ITEMS": args.concurrent_items} if args.concurrent_items else {}),
         **strategy_settings(args.strategy, exits, args.rate, args.redis),
         **({"EXITLIMIT_STATE_FILE": args.state_file} if args.state_file else {}),
+        **dict(_setting(value) for value in args.set),
     }
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(PagesSpider)

@@ -6,13 +6,16 @@
     python bench/run.py --warm --pages 600 --repeat 3   # cold, then warm (EXITLIMIT_STATE_FILE)
 
 Scenarios: foundation, mixed, site-wide, tighten, loosen, jitter-small, jitter-large,
-broad (30 origins), unlimited, shared, scale, redis-overhead (see SCENARIOS).
+broad (30 origins), unlimited, shared, scale, redis-overhead; issue 16's signals:
+overload-503, header-overstated, header-honest, header-window, header-window-epoch
+(see SCENARIOS).
 
 Starts the lab in its own process, runs each strategy's crawl in a fresh
 process, and reads the origin's own counts. utilization = ideal time for the
 pages actually fetched (ok / capacity; for a limit that moves, the old capacity
 until the change and the rest at the new one) / wall time from the first request
-to the last outcome; 429 share = the origins' 429s / all requests they received
+to the last outcome (plus, where the origin asks for a pause, e.g. one 503 with
+Retry-After 3, that pause); 429 share = the origins' 429s / all requests they received
 (summed over origins), and for a limit that moves also the share after the change.
 """
 
@@ -44,7 +47,9 @@ class Scenario:
     ``rate`` (None: no limit, throughputs are compared instead). ``change``: the per-IP rate
     moves to ``rate`` ``at`` seconds after the crawl's first request; the ideal time is then
     the old capacity until ``at`` and the rest of the pages at the new one. ``pages``,
-    ``rate``, ``origins`` and ``timeout`` are defaults the command line can override.
+    ``rate``, ``origins``, ``exits`` and ``timeout`` are defaults the command line can
+    override. ``pause``: seconds the origin asks the crawl to stop (one 503's Retry-After),
+    added to the ideal time.
     """
 
     lab_args: list[str]
@@ -55,6 +60,8 @@ class Scenario:
     origins: int = 1
     change: tuple[float, float] | None = None  # (at seconds, new per-IP rate)
     timeout: float = 300.0
+    exits: int = 10
+    pause: float = 0.0
 
 
 def _per_ip(a: argparse.Namespace, rate: float) -> float:
@@ -84,6 +91,27 @@ SCENARIOS = {
                              pages=1000),
     # a broad crawl: 30 origins, each 1 r/s per IP, pages interleaved over them
     "broad": Scenario([], _per_ip, LEARNED_KNOWN, pages=3000, rate=1.0, origins=30),
+    # issue 16: one 503 with Retry-After 3, 10 s into a 20 r/s crawl (4 exits x 5 r/s, known
+    # rate): the ideal is 30 s plus the 3 s pause, so utilization >= 0.8 is wall <= 41.25 s
+    "overload-503": Scenario(["--status-at", "10=503:3"], _per_ip, ["exitlimit"], pages=600,
+                             exits=4, pause=3.0, timeout=120),
+    # 3 r/s per IP over 4 exits, learned mode: every answer states 10 r/s (a false
+    # RateLimit-Policy: 10;w=1), or the true 3 r/s in every header form (--ratelimit-headers)
+    "header-overstated": Scenario(["--announce-policy", "10;w=1"], _per_ip,
+                                  ["exitlimit-learned"], pages=300, rate=3.0, exits=4,
+                                  timeout=120),
+    "header-honest": Scenario(["--ratelimit-headers"], _per_ip, ["exitlimit-learned"],
+                              pages=300, rate=3.0, exits=4, timeout=120),
+    # no per-IP rate but a fixed window, 15 per 5 s per IP, stated only as X-RateLimit-Limit,
+    # -Remaining and -Reset (seconds to the window's end, or its Unix time): capacity is
+    # the long-run 3 r/s per IP (the first window's burst makes > 1 possible)
+    "header-window": Scenario(["--rate", "0", "--window-limit", "15", "--window", "5"],
+                              _per_ip, ["exitlimit-learned"], pages=300, rate=3.0, exits=4,
+                              timeout=120),
+    "header-window-epoch": Scenario(["--rate", "0", "--window-limit", "15", "--window", "5",
+                                     "--window-reset", "epoch"], _per_ip,
+                                    ["exitlimit-learned"], pages=300, rate=3.0, exits=4,
+                                    timeout=120),
     # no limit at all: learned mode against a bare random-proxy crawl
     "unlimited": Scenario(["--rate", "0"], None, ["random-proxy", "exitlimit-learned"],
                           pages=3000),
@@ -106,11 +134,11 @@ def ideal_seconds(sc: Scenario, args: argparse.Namespace, ok: int) -> float:
     """The time the origin needs at least to let ``ok`` pages through."""
     before = sc.capacity(args, args.rate)
     if sc.change is None:
-        return ok / before
+        return ok / before + sc.pause
     at, rate = sc.change
     if ok <= before * at:
-        return ok / before
-    return at + (ok - before * at) / sc.capacity(args, rate)
+        return ok / before + sc.pause
+    return at + (ok - before * at) / sc.capacity(args, rate) + sc.pause
 
 
 def lab_call(origin: str, path: str, method: str = "GET") -> dict:
@@ -345,7 +373,7 @@ def median_row(results: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--exits", type=int, default=10)
+    ap.add_argument("--exits", type=int, help="live exits (default: the scenario's, mostly 10)")
     ap.add_argument("--rate", type=float, help="per-IP r/s (default: the scenario's, mostly 5)")
     ap.add_argument("--pages", type=int, help="pages (default: the scenario's, mostly 500)")
     ap.add_argument("--origins", type=int, help="origins (default: the scenario's, mostly 1)")
@@ -376,7 +404,7 @@ def main() -> None:
                          "temporary directory)")
     args = ap.parse_args()
     sc = SCENARIOS[args.scenario]
-    for name in ("rate", "pages", "origins", "timeout"):
+    for name in ("rate", "pages", "origins", "timeout", "exits"):
         if getattr(args, name) is None:
             setattr(args, name, getattr(sc, name))
     strategies = args.strategies.split(",") if args.strategies else sc.strategies
@@ -406,11 +434,12 @@ def main() -> None:
                 row = f"{name} {phase}".strip()
                 r["strategy"] = row
                 runs[row].append(r)
-                print(f"  {row}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s"
+                util = f", utilization {r['utilization']:.3f}" if sc.capacity else ""
+                print(f"  {row}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s, "
+                      f"429 share {r['share_429']:.2%}{util}"
                       + (f", first second {r['first_second_utilization']:.2f} of capacity, "
-                         f"{r['first_second_429']} 429s; 429 share {r['share_429']:.2%}, "
-                         f"utilization {r['utilization']:.3f}"
-                         if "first_second_429" in r else ""), file=sys.stderr)
+                         f"{r['first_second_429']} 429s" if "first_second_429" in r else ""),
+                      file=sys.stderr)
                 if redis is not None and not args.warm:  # each run learns from scratch
                     redis.flush()
     finally:
@@ -429,7 +458,9 @@ def main() -> None:
     print(f"\nscenario {args.scenario}: {where}{args.exits} exits, {limit}, "
           f"median of {args.repeat}"
           + (f", healthy capacity {capacity(args, args.rate):g} r/s" if capacity else "")
-          + (f" (lab {' '.join(sc.lab_args)})" if sc.lab_args else "") + "\n")
+          + (f" (lab {' '.join(sc.lab_args)})" if sc.lab_args else "")
+          + (f"; ideal time includes the origin's {sc.pause:g} s pause" if sc.pause else "")
+          + "\n")
     width = max(18, *(len(r["strategy"]) for r in rows))
     header = f"{'strategy':<{width}} {'pages':>6} {'lost':>6} {'429 share':>10} {'req/page':>9} " \
              f"{'wall s':>7} {'pages/s':>8} {'utilization':>12}"

@@ -102,31 +102,32 @@ class AdmissionQueue:
         self._timer_at = math.inf
         self._soon: Any = None
         self._pending: set[QueueKey] = set()  # queues with an admission call in flight
-        self._wait: dict[QueueKey, float] = {}  # when its last call said to ask again
-        self._deaf: set[QueueKey] = set()  # queues a released lease would not help now
+        self._ready_at: dict[QueueKey, float] = {}  # when its last call said to ask again
+        #: queues a released lease would not help now (a release does not wake them)
+        self._release_no_help: set[QueueKey] = set()
         #: queues woken while their call was in flight: its answer may predate the news
-        self._woken: set[QueueKey] = set()
+        self._stale_answer: set[QueueKey] = set()
         self.closed = False
         self._asyncio = is_asyncio_available()
 
     def origins(self) -> set[str]:
         return {origin for origin, _ in self.queues}
 
-    def acquire(self, origin: str, only: str | None = None) -> Lease | Awaitable[Lease]:
+    def acquire(self, origin: str, pinned: str | None = None) -> Lease | Awaitable[Lease]:
         """A lease now, or something to await for one: an asyncio future on the asyncio
         loop, else a Deferred (failing with HandedBack when handed back).
 
-        ``only``: on this exit (a sticky session's pin)."""
+        ``pinned``: on this exit only (a sticky session's pin)."""
         if self.closed:
             raise HandedBack
         now = self.clock()
-        key = (origin, only)
+        key = (origin, pinned)
         if self.backend.synchronous and not self.queues.get(key):
-            got = self.backend.admit(origin, 1, now, only)
-            assert isinstance(got, Admission)
-            if got.leases:
-                self.on_admit(None, got.leases[0], now)
-                return got.leases[0]
+            admission = self.backend.admit(origin, 1, now, pinned)
+            assert isinstance(admission, Admission)
+            if admission.leases:
+                self.on_admit(None, admission.leases[0], now)
+                return admission.leases[0]
         waiter = Waiter(key, now, self.waitable())
         self.queues.setdefault(key, deque()).append(waiter)
         self.parked += 1
@@ -150,9 +151,9 @@ class AdmissionQueue:
         """State changed (a lease was released, a cooldown set): look again soon."""
         if not self.parked:
             return
-        self._woken.update(self._pending)
-        for key in [k for k in self._wait if k not in self._deaf]:
-            del self._wait[key]
+        self._stale_answer.update(self._pending)
+        for key in [k for k in self._ready_at if k not in self._release_no_help]:
+            del self._ready_at[key]
         if self._soon is None:
             self._soon = self._call_soon(self._wake_now)
 
@@ -171,14 +172,14 @@ class AdmissionQueue:
         while active:
             still = []
             for key in active:
-                got = self.backend.admit(key[0], 1, now, key[1])
-                assert isinstance(got, Admission)
-                if got.leases:
-                    self._hand_out(key, got.leases, now)
+                admission = self.backend.admit(key[0], 1, now, key[1])
+                assert isinstance(admission, Admission)
+                if admission.leases:
+                    self._hand_out(key, admission.leases, now)
                     if self.queues.get(key):
                         still.append(key)
                 else:
-                    earliest = min(earliest, got.wait)
+                    earliest = min(earliest, admission.ready_at)
             active = still
         self._arm(earliest, now)
 
@@ -201,14 +202,14 @@ class AdmissionQueue:
     def _process_async(self) -> None:
         now = self.clock()
         for key, queue in list(self.queues.items()):
-            if queue and key not in self._pending and self._wait.get(key, 0) <= now:
+            if queue and key not in self._pending and self._ready_at.get(key, 0) <= now:
                 self._pending.add(key)
-                got = self.backend.admit(key[0], min(len(queue), BATCH), now, key[1])
-                if isinstance(got, Deferred):
-                    got.addCallbacks(self._admitted, self._admit_errback, callbackArgs=(key,),
-                                     errbackArgs=(key,))
+                call = self.backend.admit(key[0], min(len(queue), BATCH), now, key[1])
+                if isinstance(call, Deferred):
+                    call.addCallbacks(self._admitted, self._admit_errback, callbackArgs=(key,),
+                                      errbackArgs=(key,))
                 else:  # an asyncio future: no Deferred in between
-                    got.add_done_callback(partial(self._admit_done, key))
+                    call.add_done_callback(partial(self._admit_done, key))
         self._arm_async(now)
 
     def _admit_done(self, key: QueueKey, future: asyncio.Future) -> None:
@@ -222,36 +223,37 @@ class AdmissionQueue:
     def _admit_errback(self, failure: Any, key: QueueKey) -> None:
         self._admit_failed(failure.getErrorMessage(), key)
 
-    def _admitted(self, got: Admission, key: QueueKey) -> None:
+    def _admitted(self, admission: Admission, key: QueueKey) -> None:
         self._pending.discard(key)
         now = self.clock()
-        self._hand_out(key, got.leases, now)  # closed meanwhile: no waiters, leases go back
+        # closed meanwhile: no waiters, the leases go back
+        self._hand_out(key, admission.leases, now)
         if self.closed:
             return
-        woken = key in self._woken
-        self._woken.discard(key)
+        stale = key in self._stale_answer
+        self._stale_answer.discard(key)
         # a release during the call may have freed what the answer says is taken
-        self._wait[key] = now if got.leases or woken else got.wait
-        if got.leases or got.release_helps:
-            self._deaf.discard(key)
+        self._ready_at[key] = now if admission.leases or stale else admission.ready_at
+        if admission.leases or admission.release_helps:
+            self._release_no_help.discard(key)
         else:
-            self._deaf.add(key)
+            self._release_no_help.add(key)
         self._process_async()
 
     def _admit_failed(self, why: str, key: QueueKey) -> None:
         self._pending.discard(key)
-        self._woken.discard(key)
+        self._stale_answer.discard(key)
         logger.error("exitlimit: admission call failed for %s: %s", key[0], why)
-        self._wait[key] = self.clock() + 0.1
+        self._ready_at[key] = self.clock() + 0.1
         if not self.closed:
             self._arm_async(self.clock())
 
     def _arm_async(self, now: float) -> None:
-        waits = [self._wait.get(k, now) for k, q in self.queues.items()
+        waits = [self._ready_at.get(k, now) for k, q in self.queues.items()
                  if q and k not in self._pending]
-        for key in [k for k in self._wait if not self.queues.get(k)]:
-            del self._wait[key]
-            self._deaf.discard(key)
+        for key in [k for k in self._ready_at if not self.queues.get(k)]:
+            del self._ready_at[key]
+            self._release_no_help.discard(key)
         self._arm(min(waits, default=math.inf), now)
 
     def _arm(self, when: float, now: float) -> None:
@@ -269,12 +271,12 @@ class AdmissionQueue:
         self._timer_at = math.inf
         self._process()
 
-    def fail(self, origin: str, exc: Exception, only: str | None | bool = False) -> int:
-        """Fail the requests parked for ``origin`` (only those pinned to exit ``only``
-        when given); returns how many."""
+    def fail(self, origin: str, exc: Exception, *, pinned_to: str | None = None) -> int:
+        """Fail the requests parked for ``origin``: every one, or only those pinned to
+        exit ``pinned_to``; returns how many."""
         failed = 0
-        for key in [k for k in self.queues if k[0] == origin and (only is False
-                                                                 or k[1] == only)]:
+        for key in [k for k in self.queues
+                    if k[0] == origin and (pinned_to is None or k[1] == pinned_to)]:
             queue = self.queues.pop(key)
             self.parked -= len(queue)
             failed += len(queue)

@@ -20,7 +20,7 @@ from twisted.internet.error import TimeoutError as TwistedTimeoutError
 from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Repin, Waiter, call_later
 from .backends import load_backend
 from .config import ExitLimitConfig
-from .core import Event, Lease, bounded_cooldown, parse_retry_after
+from .core import Event, EventKind, Lease, bounded_cooldown, parse_retry_after
 from .core.ratelimit_headers import QuotaWindows, parse_ratelimit
 from .failclosed import EXPECTED_PROXY_KEY
 from .policy import ResponsePolicy, Signal
@@ -98,7 +98,6 @@ class ExitLimitMiddleware:
         self.config = config
         self.stats = crawler.stats
         self.backend = load_backend(crawler, config)
-        self.limiter = self.backend.limiter
         try:
             policy_cls = load_object(config.policy)
         except (ImportError, NameError, ValueError, AttributeError) as exc:
@@ -111,7 +110,7 @@ class ExitLimitMiddleware:
         self.exits = {ex.id: ex for ex in config.exits}
         self.queue = AdmissionQueue(self.backend, self._admitted)
         self.sessions = StickySessions(
-            usable=lambda origin, exit_id: self.limiter.usable(origin, exit_id),
+            usable=self.backend.usable,
             acquire=self._acquire, waitable=self.queue.waitable, stats=self.stats)
         #: windows of stated quotas that do not say how long their window is
         self.quota_windows = QuotaWindows()
@@ -147,7 +146,8 @@ class ExitLimitMiddleware:
                 else f"learned (from {self.config.tuning.start_rate:g} r/s)")
         logger.info("exitlimit: %d exits, pair rate %s, up to %d in flight per exit; state: %s",
                     len(self.exits), rate, limits.concurrency, self.backend.describe())
-        recalled = self.state_file.load(self.limiter) if self.state_file is not None else None
+        recalled = (self.state_file.load(self.backend.limiter) if self.state_file is not None
+                    else None)
         self.backend.open()
         if recalled is not None:
             self.stats.set_value("exitlimit/state_origins_loaded", len(recalled.origins))
@@ -183,12 +183,12 @@ class ExitLimitMiddleware:
         if engine is None or not engine.running or slot is None or slot.closing is not None:
             self._close_queue("engine closing")
             return
-        now = self.limiter.clock()
+        now = self.backend.clock()
         self._check_stalls(now)
         if now - self._forgot_at > FORGET_EVERY:
             self._forgot_at = now
-            self.stats.inc_value("exitlimit/pairs_forgotten", self.limiter.forget_idle(now))
-        for lease in self.limiter.stale_leases(self.config.lease_timeout, now):
+            self.stats.inc_value("exitlimit/pairs_forgotten", self.backend.forget_idle(now))
+        for lease in self.backend.stale_leases(self.config.lease_timeout, now):
             self.backend.release(lease.id, answered=False)
             self.stats.inc_value("exitlimit/lease_reclaimed")
             logger.warning("exitlimit: reclaimed a lease on %s held for over %gs",
@@ -201,14 +201,14 @@ class ExitLimitMiddleware:
         self._schedule_watch()
 
     def _save_state(self) -> None:
-        if self.state_file is not None and self.state_file.save(self.limiter):
+        if self.state_file is not None and self.state_file.save(self.backend.limiter):
             self.stats.inc_value("exitlimit/state_saved")
 
     def _check_stalls(self, now: float) -> None:
         timeout = self.config.stall_timeout
         self._check_pins(now)
         for origin in self.queue.origins():
-            if self.limiter.any_usable(origin, now):
+            if self.backend.any_usable(origin, now):
                 self._blocked_since.pop(origin, None)
                 continue
             since = self._blocked_since.setdefault(origin, now)
@@ -222,13 +222,14 @@ class ExitLimitMiddleware:
 
     def _check_pins(self, now: float) -> None:
         """Requests parked on a pinned exit that can no longer serve them: admit anywhere."""
-        for origin, only in [k for k in self.queue.queues if k[1] is not None]:
-            if not self.limiter.usable(origin, only, now):
-                self.queue.fail(origin, Repin(), only)  # StickySessions counts the re-pins
+        for origin, pinned in [k for k in self.queue.queues if k[1] is not None]:
+            if not self.backend.usable(origin, pinned, now):
+                # StickySessions counts the re-pins
+                self.queue.fail(origin, Repin(), pinned_to=pinned)
 
     def _check_pool(self, now: float) -> bool:
         """The whole pool dead for EXITLIMIT_STALL_TIMEOUT: close the spider, loudly."""
-        if self.limiter.pool_alive(now):
+        if self.backend.pool_alive(now):
             self._pool_dead_since = None
             return False
         if self._pool_dead_since is None:
@@ -269,15 +270,15 @@ class ExitLimitMiddleware:
             self.stats.inc_value("exitlimit/wait_seconds", waited, start=0.0)
             self.stats.max_value("exitlimit/wait_seconds_max", waited)
         if self.sinks:
-            estate = self.limiter.exits[lease.exit_id]
+            load = self.backend.exit_load(lease.exit_id)
             for sink in self.sinks:
-                sink.admission(lease.origin, lease.exit_id, waited, lease.rate, estate.limit,
-                               estate.in_flight)
+                sink.admission(lease.origin, lease.exit_id, waited, lease.rate, load.limit,
+                               load.in_flight)
 
     def snapshot(self) -> Snapshot:
         """Exits by state (for the origins now waiting, else all), totals, parked."""
-        now = self.limiter.clock()
-        counts = self.limiter.exit_states(now, self.queue.origins())
+        now = self.backend.clock()
+        counts = self.backend.exit_states(now, self.queue.origins())
         return Snapshot(
             exits_ready=counts["ready"], exits_cooling=counts["cooling"],
             exits_banned=counts["banned"], exits_dead=counts["dead"],
@@ -295,35 +296,36 @@ class ExitLimitMiddleware:
             self.stats.inc_value("exitlimit/cache_hit")
             return None
         origin = origin_of(request)
-        parked_at = self.limiter.clock()
+        parked_at = self.backend.clock()
         session = request.meta.get("exitlimit_session")
         try:
             if session is None:
-                got = await self._acquire(origin, None)
+                lease = await self._acquire(origin, None)
             else:
-                got = await self.sessions.admit(origin, str(session))
+                lease = await self.sessions.admit(origin, str(session))
         except HandedBack:
             self.stats.inc_value("exitlimit/requeued_on_close")
             return self._fresh_copy(request)
-        exit_ = self.exits[got.exit_id]
+        exit_ = self.exits[lease.exit_id]
         meta = request.meta
-        meta[LEASE_KEY] = got.id
+        meta[LEASE_KEY] = lease.id
         meta["exitlimit_exit"] = exit_.id
-        meta["exitlimit_wait"] = got.admitted_at - parked_at
+        meta["exitlimit_wait"] = lease.admitted_at - parked_at
         meta["proxy"] = exit_.url
         meta[EXPECTED_PROXY_KEY] = (exit_.address, exit_.has_credentials)  # handlers.py checks
         meta["download_slot"] = self._slot_for(exit_.id)
         meta["autothrottle_dont_adjust_delay"] = True
         return None
 
-    async def _acquire(self, origin: str, only: str | None) -> Lease:
-        """A lease for ``origin`` (on exit ``only`` when given), parking until there is one."""
-        got = self.queue.acquire(origin, only)
-        if isinstance(got, Lease):
-            return got
+    async def _acquire(self, origin: str, pinned: str | None) -> Lease:
+        """A lease for ``origin`` (on exit ``pinned`` only, when given), parking until
+        there is one."""
+        lease_or_wait = self.queue.acquire(origin, pinned)
+        if isinstance(lease_or_wait, Lease):
+            return lease_or_wait
         self.stats.inc_value("exitlimit/parked")
         self.stats.max_value("exitlimit/parked_max", self.queue.parked)
-        return await got  # a future on asyncio, a Deferred on other reactors
+        return await lease_or_wait  # a future on asyncio, a Deferred on other reactors
 
     def _served_from_cache(self, request: Request) -> bool:
         """HttpCacheMiddleware (900) will answer this request: it must not wait or spend tokens.
@@ -351,7 +353,7 @@ class ExitLimitMiddleware:
         downloader = self.crawler.engine.downloader
         if key not in downloader.per_slot_settings:
             downloader.per_slot_settings[key] = {
-                "concurrency": self.limiter.exits[exit_id].concurrency.ceiling,
+                "concurrency": self.backend.exit_load(exit_id).ceiling,
                 "delay": 0,
                 "jitter": 0,
                 "randomize_delay": False,
@@ -376,7 +378,7 @@ class ExitLimitMiddleware:
     def _response_downloaded(self, response: Response, request: Request,
                              spider: Any = None) -> None:
         """Feedback straight from the wire, before any other middleware reacts."""
-        lease = self.limiter.leases.get(request.meta.get(LEASE_KEY, -1))
+        lease = self.backend.lease(request.meta.get(LEASE_KEY, -1))
         if lease is None:
             return
         signal = self.policy.classify_response(request, response)
@@ -386,7 +388,7 @@ class ExitLimitMiddleware:
         if self.config.exit_ip_header:
             ip = exit_ip(response.headers.get(self.config.exit_ip_header))
             if ip is not None:
-                events += self.limiter.exit_ip_seen(lease.exit_id, ip)
+                events += self.backend.exit_ip_seen(lease.exit_id, ip)
         if signal is Signal.RATE_LIMITED:
             cooldown = bounded_cooldown(self._retry_after(response),
                                         floor=self.config.cooldown_min,
@@ -394,11 +396,11 @@ class ExitLimitMiddleware:
                                         default=self.config.cooldown_default)
             events += self.backend.rate_limited(lease, cooldown)
         elif signal is Signal.OK:
-            latency = self.limiter.clock() - lease.admitted_at
+            latency = self.backend.clock() - lease.admitted_at
             events += self.backend.success(lease, latency)
             quota = parse_ratelimit(response.headers, now=time.time())
             if quota is not None:
-                rate = self.quota_windows.rate((lease.origin, lease.pair), quota)
+                rate = self.quota_windows.rate((lease.origin, lease.pair), quota, latency)
                 events += self.backend.announced(lease, rate, quota.remaining, quota.reset)
         elif signal is Signal.BANNED:
             events += self.backend.banned(lease)
@@ -412,12 +414,12 @@ class ExitLimitMiddleware:
         self._release(request, answered=signal is not Signal.PROXY_FAULT)
 
     def _record_answer(self, lease: Lease, status: int, signal: Signal) -> None:
-        estate = self.limiter.exits[lease.exit_id]
-        pair = self.limiter.pair_state(lease.origin, lease.exit_id)
-        latency = self.limiter.clock() - lease.admitted_at
+        load = self.backend.exit_load(lease.exit_id)
+        rate = self.backend.paced_rate(lease.origin, lease.exit_id)
+        latency = self.backend.clock() - lease.admitted_at
         for sink in self.sinks:
             sink.response(lease.origin, lease.exit_id, status, signal.value, latency,
-                          pair.bucket.rate, estate.limit, estate.in_flight)
+                          rate, load.limit, load.in_flight)
 
     @staticmethod
     def _retry_after(response: Response) -> float | None:
@@ -438,7 +440,7 @@ class ExitLimitMiddleware:
         for sink in self.sinks:
             sink.events(events)
         for ev in events:
-            if ev.kind != "cooldown":
+            if ev.kind is not EventKind.COOLDOWN:
                 self.stats.inc_value(f"exitlimit/{ev.kind}")
             if logger.isEnabledFor(level):
                 logger.log(level, "exitlimit: %s %s%s: %s", ev.kind, ev.origin,

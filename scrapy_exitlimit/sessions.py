@@ -39,7 +39,7 @@ class StickySessions:
     """Pins of sticky sessions to exits, and the admission of a session's requests.
 
     ``usable(origin, exit_id)``: whether the exit can still serve the origin;
-    ``acquire(origin, only)``: a lease on exit ``only`` (any exit when None);
+    ``acquire(origin, pinned)``: a lease on exit ``pinned`` (any exit when None);
     ``waitable()``: a fresh future (or Deferred) for one follower of a chooser (one
     each: several coroutines awaiting one Deferred would not all get its result).
     """

@@ -26,7 +26,7 @@ async def test_learns_an_unknown_limit_without_losing_pages():
     # the pool paid for the discovery a few times, not on every exit all along
     assert lab.origin.total(429) <= 6
     assert stats["exitlimit/rate_up"] >= 1
-    learned = middleware(crawler).limiter.origin_state(crawler.origin).estimate
+    learned = middleware(crawler).backend.limiter.origin_state(crawler.origin).estimate
     # what reaches the server: 1/lo apart plus the safety margin (EXITLIMIT_SAFETY_MARGIN)
     assert 7.0 <= 1 / (1 / learned.lo + 0.005) <= 10.5
 
@@ -56,7 +56,7 @@ async def test_an_overloaded_origin_is_slowed_as_a_whole():
     assert len(crawler.spider.ok) == 30 and not crawler.spider.failed
     assert stats["exitlimit/overload"] == lab.origin.total(503) >= 1
     assert stats["exitlimit/origin_slowed"] >= 1
-    budget = middleware(crawler).limiter.origin_state(crawler.origin).budget
+    budget = middleware(crawler).backend.limiter.origin_state(crawler.origin).budget.bucket
     assert budget is not None and budget.rate < 60
     assert lab.origin.total(503) <= 10
 

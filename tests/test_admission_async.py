@@ -26,7 +26,7 @@ class ManualBackend:
     def clock(self) -> float:
         return 1000.0
 
-    def admit(self, origin, want, now, only=None) -> Deferred:
+    def admit(self, origin, want, now, pinned=None) -> Deferred:
         d = Deferred()
         self.calls.append(d)
         return d

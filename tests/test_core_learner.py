@@ -9,6 +9,7 @@ import random
 import pytest
 
 from scrapy_exitlimit.core import Lease, Limiter, Limits, Tuning, make_exit
+from scrapy_exitlimit.core.limiter import SPREAD_MARGIN
 from scrapy_exitlimit.sim import Gcra, OriginModel, Unlimited
 
 from .conftest import FakeClock
@@ -62,7 +63,7 @@ def test_429s_at_paces_the_pairs_took_before_point_at_the_site_not_the_pairs():
     assert counts[200] >= 0.8 * 8.0 * 40
     # the pairs were not pushed to the floor for the site's limit (the old failure)
     assert learner.pool.lo >= 2.0
-    assert not any(p.own is not None for p in lim.origin_state(SITE).pairs.values())
+    assert not any(p.own_limit is not None for p in lim.origin_state(SITE).pairs.values())
     # four exits, one after another, and the site's rate re-probed now and then
     assert counts.get(429, 0) / sum(counts.values()) < 0.10
 
@@ -76,10 +77,10 @@ def test_a_slow_exit_learns_its_own_rate_and_does_not_drag_the_pool():
     ostate = lim.origin_state(SITE)
     assert ostate.learner.site is None
     slow_pair = lim.pair_state(SITE, f"{slow}:3128")
-    assert slow_pair.own is not None and slow_pair.own.lo <= 1.05
+    assert slow_pair.own_limit is not None and slow_pair.own_limit.lo <= 1.05
     assert 4.5 <= ostate.estimate.lo <= 5.3
     others = [lim.pair_state(SITE, f"127.0.0.{10 + i}:3128") for i in range(3)]
-    assert all(p.own is None for p in others)
+    assert all(p.own_limit is None for p in others)
 
 
 def test_the_pool_rate_and_the_site_rate_are_learned_together():
@@ -99,7 +100,7 @@ def test_a_configured_origin_rate_stays_a_ceiling_of_the_learned_site_rate():
                   tuning=Tuning(margin=0.005), rng=random.Random(7))
     drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(10.0)), 20.0)
     ostate = lim.origin_state(SITE)
-    assert ostate.budget is not None and ostate.budget.rate <= 6.0
+    assert ostate.budget.bucket is not None and ostate.budget.bucket.rate <= 6.0
 
 
 def test_after_a_503_the_budget_is_half_the_rate_admitted_just_before_it():
@@ -121,7 +122,7 @@ def test_after_a_503_the_budget_is_half_the_rate_admitted_just_before_it():
                 clock.now = got
         assert lease is not None
         lim.overloaded(lease, retry_after=3.0)
-        budget = lim.origin_state(SITE).budget
+        budget = lim.origin_state(SITE).budget.bucket
         assert budget.rate == pytest.approx(10.0, rel=0.15), start
         assert budget.ready_at(clock.now) == pytest.approx(clock.now + 3.0, abs=0.01)
 
@@ -137,9 +138,9 @@ def test_a_steady_trickle_of_503s_decreases_once_per_congestion_event():
     clock.advance(0.06)
     leases.append(lim.try_admit(SITE))
     lim.overloaded(leases[0], retry_after=None)
-    after_first = lim.origin_state(SITE).budget.rate
-    assert lim.overloaded(leases[1], retry_after=None) == []  # sent before: the same event
-    assert lim.origin_state(SITE).budget.rate == after_first
+    after_first = lim.origin_state(SITE).budget.bucket.rate
+    assert lim.overloaded(leases[1], retry_after=None).events == []  # sent before: the same event
+    assert lim.origin_state(SITE).budget.bucket.rate == after_first
 
 
 def test_arrival_spread_widens_pacing_only_near_a_known_limit():
@@ -158,8 +159,16 @@ def test_arrival_spread_widens_pacing_only_near_a_known_limit():
         lease = got
     pair = lim.pair_state(SITE, exit_id)
     assert pair.spread >= 0.2
-    # a configured rate is a known limit: paced 1/5 s plus the spread (at most 1.5 intervals)
-    assert pair.bucket.interval == pytest.approx(0.2 + 0.005 + min(pair.spread, 0.3))
+    # a configured rate is a known limit: paced 1/5 s plus a share of the spread (the
+    # answers re-anchor the rest), and the next request waits for the previous answer up
+    # to the whole spread (at most 1.5 intervals) past its interval
+    assert pair.bucket.interval == pytest.approx(0.2 + 0.005 + SPREAD_MARGIN * pair.spread)
+    assert pair.in_flight == 1
+    interval = pair.bucket.interval
+    assert pair.ready_at(clock.now) == pytest.approx(
+        pair.last_admit + interval + min(pair.spread, 0.3))
+    lim.release(lease.id, answered=False)  # the answer (or its failure) lifts the wait
+    assert pair.ready_at(clock.now) == pytest.approx(pair.bucket.ready_at(clock.now))
     unlimited = limiter(1, FakeClock(0.0))  # learned, no 429 yet: nothing to space for
     first = unlimited.try_admit(SITE)
     unlimited.pair_state(SITE, first.exit_id).spread = 0.3
@@ -172,12 +181,41 @@ def test_arrival_spread_widens_pacing_only_near_a_known_limit():
 def test_a_rate_limit_header_that_overstates_the_limit_gives_way_to_the_answers():
     clock = FakeClock(0.0)
     lim = limiter(4, clock)
-    counts = drive(lim, clock, OriginModel(per_ip=lambda: Gcra(3.0)), 60.0, states=10.0)
-    pairs = lim.origin_state(SITE).pairs.values()
+    # 25 s: what the 300-page crawl takes at 12 r/s
+    counts = drive(lim, clock, OriginModel(per_ip=lambda: Gcra(3.0)), 25.0, states=10.0)
+    ostate = lim.origin_state(SITE)
+    pairs = ostate.pairs.values()
     assert all(p.learning.distrusted == 10.0 and p.learning.announced is None for p in pairs)
-    assert all(p.own is not None and 2.4 <= p.own.lo <= 3.1 for p in pairs)
+    # learning takes over where it stood without the header: the pool's rate, found by
+    # one scout for every exit (each pair bisecting from 10 r/s alone drew 9.6 % 429s)
+    assert all(p.own_limit is None for p in pairs)
+    assert 2.4 <= ostate.learner.pool.lo <= 3.1
     assert counts.get(429, 0) / sum(counts.values()) < 0.05
-    assert counts[200] >= 0.8 * 4 * 3.0 * 60
+    assert counts[200] >= 0.8 * 4 * 3.0 * 25
+
+
+def test_a_contradicted_statement_keeps_a_configured_rate_and_in_flight_429s_teach_nothing():
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=4.0)
+    lease = lim.try_admit(SITE)
+    lim.success(lease, 0.001)
+    lim.announced(lease, 3.5, None, None)  # under the configured rate: paced at 3.5
+    lim.release(lease.id)
+    clock.now = 1.0
+    first, = [lim.try_admit(SITE)]
+    clock.now = 1.3
+    second = lim.try_admit(SITE)
+    assert isinstance(first, Lease) and isinstance(second, Lease)
+    events = lim.rate_limited(SITE, first.exit_id, 1.0, first).events
+    assert [e.kind for e in events] == ["cooldown", "announcement_wrong"]
+    pair = lim.pair_state(SITE, first.exit_id)
+    own = pair.own_limit
+    assert own is not None and own.lo == 4.0  # back to the configured rate
+    before = (lim.origin_state(SITE).learner.pool.lo, own.lo, own.hi)
+    # sent before the statement was found wrong: a cooldown, nothing learned
+    second_kinds = [e.kind for e in lim.rate_limited(SITE, second.exit_id, 1.0, second).events]
+    assert second_kinds == ["cooldown"]
+    assert (lim.origin_state(SITE).learner.pool.lo, own.lo, own.hi) == before
 
 
 def test_an_honest_header_paces_from_the_first_answer_and_a_new_one_is_trusted_again():
@@ -191,6 +229,6 @@ def test_an_honest_header_paces_from_the_first_answer_and_a_new_one_is_trusted_a
     while not isinstance(lease, Lease):
         clock.now = lease
         lease = lim.try_admit(SITE)
-    assert lim.announced(lease, 3.0, None, None) == [] or lease.exit_id != pair
-    events = lim.announced(lease, 2.0, None, None)  # the server says something new
+    assert lim.announced(lease, 3.0, None, None).events == [] or lease.exit_id != pair
+    events = lim.announced(lease, 2.0, None, None).events  # the server says something new
     assert [e.kind for e in events] == ["rate_announced"]

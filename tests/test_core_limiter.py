@@ -222,17 +222,17 @@ def test_timeouts_on_several_answering_exits_blame_the_origin_not_the_exits():
     lim = Limiter(exits, Limits(rate=100.0), clock=clock)
     origin = "http://slow.example"
     for ex in exits[:2]:  # two exits that get answers from the origin
-        lease = lim.try_admit(origin, only=ex.id)
+        lease = lim.try_admit(origin, pinned=ex.id)
         lim.success(lease, 0.01)
         lim.release(lease.id)
     kinds = []
     for _ in range(4):  # then time out on it, one after the other
         for ex in exits[:2]:
             clock.advance(0.1)
-            kinds += [e.kind for e in lim.proxy_fault(None, ex.id, origin, timeout=True)]
+            kinds += [e.kind for e in lim.proxy_fault(None, ex.id, origin, timeout=True).events]
     assert "evicted" not in kinds and kinds.count("origin_timeout") >= 6
     assert all(not lim.exits[ex.id].health.dead(clock.now) for ex in exits[:2])
     # an exit that never answered and times out is a dead exit, origin or not
     kinds = [e.kind for _ in range(3)
-             for e in lim.proxy_fault(None, exits[2].id, origin, timeout=True)]
+             for e in lim.proxy_fault(None, exits[2].id, origin, timeout=True).events]
     assert "evicted" in kinds

@@ -414,3 +414,61 @@ def test_a_window_is_learned_the_first_time_it_resets(epoch):
     stated = parse_ratelimit({"RateLimit-Policy": "10;w=5", "RateLimit-Remaining": "3"},
                              now=now)
     assert windows.rate("pair", stated) == pytest.approx(2.0)  # a stated policy wins
+
+
+def test_an_epoch_reset_reads_the_whole_seconds_of_its_window_however_late_in_a_second():
+    from scrapy_exitlimit.core.ratelimit_headers import QuotaWindows
+
+    def reading(at: float, window: float, latency: float = 0.004) -> float | None:
+        # 4 per window; the answer to the request that opened it (at, server time; half
+        # the latency each way), the window's end stated as a whole epoch second
+        windows = QuotaWindows()
+        end = math.ceil(at + window)
+        now = at + latency / 2
+        quota = parse_ratelimit(_x_headers(4, 3, end), now=now)
+        assert windows.rate("pair", quota, latency) is not None
+        return windows.windows["pair"]
+
+    base = 1_700_000_000.0
+    for frac in (0.0, 0.003, 0.1, 0.5, 0.9, 0.997):  # where in its second it opened
+        for window in (1.0, 5.0, 60.0):
+            # ceil(reset) would read 2, 6 and 61 s for all but a window opening on the second
+            assert reading(base + frac, window) == window, (frac, window)
+    # a window opening within the request's way there after a second began reads a
+    # second long (the safe side); a later window, opening elsewhere, reads it right
+    assert reading(base + 0.001, 1.0) == 2.0
+    assert QuotaWindows().rate("pair", parse_ratelimit(_x_headers(4, 3, 1), now=base),
+                               0.003) == pytest.approx(4.0)  # a delta of 1 s: 1 s
+
+
+def test_the_shortest_reading_is_the_window():
+    from scrapy_exitlimit.core.ratelimit_headers import QuotaWindows
+
+    windows = QuotaWindows()
+    now = 1_700_000_000.0
+
+    def opened(reset, latency):
+        return windows.rate("pair", parse_ratelimit(_x_headers(60, 59, reset), now=now),
+                            latency)
+
+    assert opened(30.9, 0.2) == pytest.approx(60 / 31)  # 31.1: 31 s (at most that)
+    assert opened(30.0, 0.01) == pytest.approx(2.0)  # 30 s
+    assert opened(30.9, 0.01) == pytest.approx(2.0)  # a longer reading changes nothing
+    assert windows.windows["pair"] == 30.0
+
+
+def test_a_reordered_answer_within_a_window_is_not_read_as_its_opening():
+    from scrapy_exitlimit.core.ratelimit_headers import QuotaWindows
+
+    windows = QuotaWindows()
+    now = 1_700_000_000.0
+
+    def rate(remaining, reset):
+        return windows.rate("pair", parse_ratelimit(_x_headers(60, remaining, reset), now=now))
+
+    assert rate(58, 30) is None  # not the opening answer: no reading
+    assert rate(57, 29) is None
+    # an earlier request's answer came late: remaining up, reset up by a second
+    assert rate(59 - 1, 30) is None and "pair" not in windows.windows
+    assert rate(20, 2) is None
+    assert rate(50, 30) == pytest.approx(2.0)  # remaining and reset both jumped: it opened

@@ -688,3 +688,127 @@ async def test_pages_spider_interleaves_several_bases():
     assert await _start_urls(one) == ["http://a:1/page/0", "http://a:1/page/1"]
     with pytest.raises(ValueError):
         PagesSpider(pages=1)
+
+
+# -- signals: a scheduled answer, a stated policy, a fixed window -----------------------
+
+
+def test_signal_config_validation():
+    from scrapy_exitlimit.lab import ScheduledAnswer
+
+    for bad in ({"at": -1, "status": 503}, {"at": 1, "status": 99},
+                {"at": 1, "status": 503, "retry_after": -1}):
+        with pytest.raises(ValueError):
+            ScheduledAnswer(**bad)
+    cfg = OriginConfig(status_at=[ScheduledAnswer(9, 502), ScheduledAnswer(3, 503)])
+    assert [a.at for a in cfg.status_at] == [3, 9]  # sorted
+    for bad in ({"window_limit": 0}, {"window_limit": 3, "window": 0},
+                {"window_reset": "minutes"}, {"announce_policy": "10;w=1\r\nX: y"},
+                {"window_limit": 3, "ratelimit_headers": True}):
+        with pytest.raises(ValueError):
+            OriginConfig(**bad)
+
+
+def test_a_fixed_window_opens_with_the_first_request_after_the_last_one_closed():
+    from scrapy_exitlimit.lab import FixedWindow
+
+    window = FixedWindow(3, 10.0)
+    assert window.reset_in(0.0) == 0.0 and window.remaining(5.0) == 3
+    assert [window.try_acquire(t) for t in (5.0, 5.1, 6.0, 14.9)] == [True, True, True, False]
+    assert window.remaining(14.9) == 0 and window.reset_in(14.9) == pytest.approx(0.1)
+    assert window.try_acquire(15.0) and window.reset_in(15.0) == 10.0  # 15 + 10, not 20
+    assert window.remaining(16.0) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_scheduled_answer_at_its_time_after_the_first_request(env):
+    from scrapy_exitlimit.lab import ScheduledAnswer
+
+    clock = Clock()
+    clock.now = 50.0
+    cfg = OriginConfig(rate=5, status_at=[ScheduledAnswer(10.0, 503, retry_after=3)])
+    lab = env.lab(exits=2, origin=cfg, clock=clock)
+    a, b = (env.client(url) for url in lab.exit_urls)
+    assert (await a.request(lab.page_url(0))).code == 200  # the schedule starts here
+    clock.advance(9.99)
+    assert (await b.request(lab.page_url(1))).code == 200
+    clock.advance(0.01)
+    assert (await a.request(lab.origin_url + "/nope")).code == 404  # pages only
+    over = await b.request(lab.page_url(2))
+    assert over.code == 503 and over.header("Retry-After") == "3"
+    clock.advance(0.19)  # b's next slot after 9.99 at 5 r/s: the 503 took none
+    assert [(await c.request(lab.page_url(3))).code for c in (a, b)] == [200, 200]  # once
+    # times since the origin started (at 50); the 503 counts as an arrival
+    assert lab.origin.events("127.0.0.11")[-2:] == [(pytest.approx(10.0), 503),
+                                                    (pytest.approx(10.19), 200)]
+    assert lab.origin.stats()["scheduled_answers_left"] == 0
+    lab.origin.reset()  # given again after a reset, counted from the next first request
+    clock.advance(5.0)
+    assert (await a.request(lab.page_url(0))).code == 200
+    clock.advance(10.0)
+    assert (await a.request(lab.page_url(0))).code == 503
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stated_policy_is_sent_as_is_whatever_the_limit(env):
+    clock = Clock()
+    cfg = OriginConfig(rate=3, announce_policy="10;w=1", ratelimit_headers=True)
+    lab = env.lab(exits=1, origin=cfg, clock=clock)
+    client = env.client(lab.exit_urls[0])
+    ok, limited = [await client.request(lab.page_url(0)) for _ in range(2)]
+    missing = await client.request(lab.origin_url + "/nope")
+    assert (ok.code, limited.code, missing.code) == (200, 429, 404)
+    assert {r.header("RateLimit-Policy") for r in (ok, limited, missing)} == {"10;w=1"}
+    assert ok.header("X-RateLimit-Limit") == "3"  # the other fields stay honest
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("form", ["seconds", "epoch"])
+async def test_a_fixed_window_states_limit_remaining_and_reset(env, form):
+    clock = Clock()
+    cfg = OriginConfig(rate=None, window_limit=2, window=5.0, window_reset=form)
+    lab = env.lab(exits=1, origin=cfg, clock=clock)
+    lab.origin.wallclock = lambda: 1_700_000_000.25 + clock.now
+    client = env.client(lab.exit_urls[0])
+
+    async def get(n: int) -> tuple[Resp, float]:
+        wall = lab.origin.wallclock()  # a fake clock: the same when the answer comes
+        return await client.request(lab.page_url(n)), wall
+
+    def reset(answer: tuple[Resp, float]) -> float:  # seconds to the window's end, as read
+        value = int(answer[0].header("X-RateLimit-Reset"))
+        return value - answer[1] if form == "epoch" else value
+
+    first = await get(0)
+    clock.advance(1.5)
+    second, third = [await get(1) for _ in range(2)]
+    assert reset(first) == (5.75 if form == "epoch" else 5)  # the epoch form rounds up
+    assert reset(second) == (4.25 if form == "epoch" else 4)
+    first, second, third = first[0], second[0], third[0]
+    assert (first.code, second.code, third.code) == (200, 200, 429)
+    assert [r.header("X-RateLimit-Remaining") for r in (first, second, third)] == ["1", "0", "0"]
+    assert {r.header("X-RateLimit-Limit") for r in (first, second, third)} == {"2"}
+    assert third.header("Retry-After") == "4"  # ceil(3.5): the window's end, not retry_after
+    clock.advance(3.5)  # the window closes 5 s after its first request
+    fourth = await get(2)
+    assert fourth[0].code == 200 and fourth[0].header("X-RateLimit-Remaining") == "1"
+    assert reset(fourth) == (5.75 if form == "epoch" else 5)
+    assert lab.origin.stats()["ips"]["127.0.0.10"]["status"]["429"] == 1
+
+
+def test_cli_builds_signals():
+    from scrapy_exitlimit.lab.__main__ import build_lab, parse_args
+
+    cfg = build_lab(parse_args([
+        "--exits", "1", "--status-at", "10=503:3", "--status-at", "20.5=502",
+        "--announce-policy", "10;w=1", "--window-limit", "15", "--window", "5",
+        "--window-reset", "epoch",
+    ])).origin.config
+    assert [(a.at, a.status, a.retry_after) for a in cfg.status_at] == [
+        (10.0, 503, 3.0), (20.5, 502, None)]
+    assert (cfg.announce_policy, cfg.window_limit, cfg.window, cfg.window_reset) == (
+        "10;w=1", 15, 5.0, "epoch")
+    assert build_lab(parse_args(["--exits", "1"])).origin.config.window_limit is None
+    for bad in ("10", "10=abc", "10=503:", "-1=503"):
+        with pytest.raises(SystemExit):
+            parse_args(["--status-at", bad])

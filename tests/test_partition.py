@@ -57,7 +57,7 @@ def test_a_restricted_limiter_admits_only_on_its_exits_until_the_restriction_is_
     candidates, _ = lim.plan(SITE, limit=100)
     assert not candidates  # every exit of ours is paced out (or busy): none planned
     other = next(e for e in lim.exits if e not in mine)
-    assert not isinstance(lim.try_admit(SITE, only=other), Lease)  # pinned elsewhere: waits
+    assert not isinstance(lim.try_admit(SITE, pinned=other), Lease)  # pinned elsewhere: waits
     lim.restrict(None)
     rest = []
     while isinstance(lease := lim.try_admit(SITE), Lease):

@@ -424,8 +424,8 @@ def test_limiter_learned_rates_stay_within_min_and_max_rate(limits, tuning, n_ex
             assert est.hi is None or est.lo <= est.hi
             for pair in ostate.pairs.values():
                 assert t.min_rate * (1 - eps) <= pair.bucket.rate <= t.max_rate * (1 + eps)
-                if pair.own is not None:
-                    own = pair.own
+                if pair.own_limit is not None:
+                    own = pair.own_limit
                     assert t.min_rate * (1 - eps) <= own.lo <= t.max_rate * (1 + eps)
                     assert own.hi is None or own.lo <= own.hi
 

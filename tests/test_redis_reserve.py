@@ -36,11 +36,11 @@ async def test_reserved_leases_are_handed_out_at_their_time_without_another_call
         calls = backend.calls["admit"]
         got = await admit(backend, "http://o", want=2)
         assert got.leases == [] and not got.release_helps
-        due = got.wait
+        due = got.ready_at
         assert due - backend.clock() == pytest.approx(0.08, abs=0.03)
         assert backend.calls["admit"] == calls + 1
         early = await admit(backend, "http://o", want=2)
-        assert early.leases == [] and early.wait == due  # not yet: no call either
+        assert early.leases == [] and early.ready_at == due  # not yet: no call either
         await _sleep(due - backend.clock())
         ready = await admit(backend, "http://o", want=2)
         assert len(ready.leases) == 2
@@ -64,7 +64,7 @@ async def test_reserved_leases_nobody_asks_for_go_back(redis_url):
         got = await admit(backend, "http://o", want=2)
         assert got.leases == [] and backend._held
         held = [lease.id for _, _, lease in backend._held["http://o"]]
-        await _sleep(got.wait - backend.clock() + HELD_LATE + 0.05)
+        await _sleep(got.ready_at - backend.clock() + HELD_LATE + 0.05)
         backend._drop_late_held()  # the heartbeat does this
         assert not backend._held
         assert not any(lease_id in backend.limiter.leases for lease_id in held)

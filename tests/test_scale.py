@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest_twisted
 
-from scrapy_exitlimit.core import Lease, Limiter, Limits, make_exit
+from scrapy_exitlimit.core import Lease, Limiter, Limits, forgetting, make_exit
 from scrapy_exitlimit.core import limiter as limiter_module
 from scrapy_exitlimit.lab import Lab, OriginConfig
 
@@ -79,13 +79,13 @@ def test_idle_pairs_and_origins_are_forgotten_but_not_what_still_matters():
     lim.rate_limited("http://o", cooled.exit_id, 3600.0, cooled)  # a long cooldown
     idle = lim.try_admit("http://o")
     lim.release(idle.id)
-    clock.advance(limiter_module.PAIR_IDLE + 1)
+    clock.advance(forgetting.PAIR_IDLE + 1)
     lim.try_admit("http://busy", clock.now + 0)  # keeps the origin in use
     dropped = lim.forget_idle()
     pairs = lim.origins["http://o"].pairs
     assert idle.exit_id not in pairs and cooled.exit_id in pairs  # the cooldown is kept
     assert dropped >= 1
-    clock.advance(limiter_module.ORIGIN_IDLE + 1)
+    clock.advance(forgetting.ORIGIN_IDLE + 1)
     lim.forget_idle()
     assert "http://o" not in lim.origins
     assert "http://busy" in lim.origins  # a lease is still out on it
@@ -103,7 +103,7 @@ async def test_a_crawl_through_a_large_pool_of_gateway_sessions():
     finally:
         await lab.stop()
     assert len(crawler.spider.ok) == 60
-    limiter = crawler.exitlimit.limiter
+    limiter = crawler.exitlimit.backend.limiter
     (ostate,) = limiter.origins.values()
-    assert len(limiter.exits) == 300 and ostate.indexed  # the indexed search ran
+    assert len(limiter.exits) == 300 and ostate.search.queued  # the heap search ran
     assert len({ex for ex in crawler.spider.ok}) == 60

@@ -32,11 +32,11 @@ def test_only_admits_on_the_named_exit_or_answers_when():
     clock = FakeClock()
     lim, exits = limiter(clock=clock)
     a = exits[0].id
-    first = lim.try_admit(ORIGIN, only=a)
+    first = lim.try_admit(ORIGIN, pinned=a)
     assert isinstance(first, Lease) and first.exit_id == a
     lim.release(first.id)  # answered: a's next token is one interval on
     # a's token is spent; b is free, but a pinned request waits for a
-    assert lim.try_admit(ORIGIN, only=a) == clock.now + 0.1 + lim.tuning.margin
+    assert lim.try_admit(ORIGIN, pinned=a) == clock.now + 0.1 + lim.tuning.margin
     assert isinstance(lim.try_admit(ORIGIN), Lease)
 
 
@@ -49,7 +49,7 @@ def test_a_new_exit_ip_gets_pair_state_of_its_own():
     lim.rate_limited(ORIGIN, a, 30.0, lease)  # the old address is cooling down for 30 s
     lim.release(lease.id)
     assert not isinstance(lim.try_admit(ORIGIN), Lease)
-    events = lim.exit_ip_seen(a, "10.0.0.2")  # the provider swapped the IP behind it
+    events = lim.exit_ip_seen(a, "10.0.0.2").events  # the provider swapped the IP behind it
     assert [e.kind for e in events] == ["exit_ip_changed"]
     assert isinstance(lim.try_admit(ORIGIN), Lease)  # not guarded by the old IP's cooldown
     # ... nor ungoverned: paced at the pair rate from its first request
@@ -103,14 +103,14 @@ class Queue:
         return asyncio.get_running_loop().create_future() if self.kind == "future" \
             else Deferred()
 
-    async def acquire(self, origin, only):
+    async def acquire(self, origin, pinned):
         result = self.waitable()
-        self.parked.append((only, result))
+        self.parked.append((pinned, result))
         return await result
 
-    def admit(self, exit_id, only=None):
-        """The oldest request parked for ``only`` gets a lease on ``exit_id``."""
-        i = next(i for i, (o, _) in enumerate(self.parked) if o == only)
+    def admit(self, exit_id, pinned=None):
+        """The oldest request parked for ``pinned`` gets a lease on ``exit_id``."""
+        i = next(i for i, (o, _) in enumerate(self.parked) if o == pinned)
         _, result = self.parked.pop(i)
         lease = Lease(id=i, origin=ORIGIN, exit_id=exit_id, admitted_at=0.0, rate=1.0,
                       gap=0.0, was_full=False)
@@ -119,8 +119,8 @@ class Queue:
         else:
             result.callback(lease)
 
-    def fail(self, exc, only=None):
-        for o, result in [p for p in self.parked if p[0] == only]:
+    def fail(self, exc, pinned=None):
+        for o, result in [p for p in self.parked if p[0] == pinned]:
             self.parked.remove((o, result))
             if self.kind == "future":
                 result.set_exception(exc)
@@ -165,7 +165,7 @@ async def test_one_request_chooses_a_sessions_exit_and_the_others_follow(kind):
     assert sessions.pinned("s") == "x" and sessions.following == 0
     assert [only for only, _ in queue.parked] == ["x"] * 3  # all on the chosen exit
     for _ in range(3):
-        queue.admit("x", only="x")
+        queue.admit("x", pinned="x")
     await turn()
     assert {(await outcome(r)).exit_id for r in requests} == {"x"}
     assert stats.values == {}
@@ -229,13 +229,13 @@ async def test_a_session_leaves_a_bad_exit_once_and_its_parked_requests_follow()
     await turn()
     assert [only for only, _ in queue.parked] == ["x"] * 3
     queue.bad.add("x")  # banned while they wait: the middleware fails them with Repin
-    queue.fail(Repin(), only="x")
+    queue.fail(Repin(), pinned="x")
     await turn()
     assert [only for only, _ in queue.parked] == [None]  # one chooses again
     queue.admit("y")
     await turn()
     for _ in range(2):
-        queue.admit("y", only="y")
+        queue.admit("y", pinned="y")
     await turn()
     assert {(await outcome(r)).exit_id for r in parked} == {"y"}
     assert stats.values == {"exitlimit/session_repinned": 1}  # once per session
@@ -324,8 +324,8 @@ async def test_pair_state_follows_the_exit_ip_the_provider_reports():
     assert crawler.spider.ok == 20
     mw = crawler.exitlimit
     (exit_id,) = mw.exits
-    assert mw.limiter.exit_ips[exit_id] == "127.0.0.50"
-    assert set(mw.limiter.origin_state(origin).pairs) >= {"127.0.0.10", "127.0.0.50"}
+    assert mw.backend.limiter.exit_ips[exit_id] == "127.0.0.50"
+    assert set(mw.backend.limiter.origin_state(origin).pairs) >= {"127.0.0.10", "127.0.0.50"}
     assert crawler.stats.get_value("exitlimit/exit_ip_changed") == 2  # unknown->old, old->new
     assert set(lab.origin.ips()) == {"127.0.0.10", "127.0.0.50"}
     assert lab.origin.total(429) == 0

@@ -90,7 +90,7 @@ if op == 'admit' then
   for i = 1, n do
     local pk, lk, ek = KEYS[kbase + 3 * i - 2], KEYS[kbase + 3 * i - 1], KEYS[kbase + 3 * i]
     local a = abase + 4 * (i - 1)
-    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol')
+    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol', 'ivl')
     local dead = num(redis.call('HGET', ek, 'dead'), NEG)
     c[i] = {
       interval = tonumber(ARGV[a]), tol = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 2]),
@@ -109,6 +109,16 @@ if op == 'admit' then
     if old_tol and c[i].tol > old_tol then
       c[i].tat = c[i].tat + (c[i].tol - old_tol)
     end
+    -- a new pace starts one new interval after the pair's last admission: not sooner
+    -- when slower, not an old interval later when faster (as the core's pair.py)
+    local old_ivl = tonumber(f[6])
+    if old_ivl and c[i].tat > NEG then
+      if c[i].interval > old_ivl then
+        c[i].tat = math.max(c[i].tat, c[i].last + c[i].interval)
+      elseif c[i].interval < old_ivl then
+        c[i].tat = c[i].tat - (old_ivl - c[i].interval)
+      end
+    end
   end
   local out = {}
   local wait = math.huge
@@ -126,7 +136,8 @@ if op == 'admit' then
     x.busy = x.busy + 1
     redis.call('ZADD', x.lk, now + ttl, prefix .. ':' .. next_id)
     next_id = next_id + 1
-    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(at), 'tol', f6(x.tol))
+    redis.call('HSET', x.pk, 'tat', f6(x.tat), 'last', f6(at), 'tol', f6(x.tol),
+               'ivl', f6(x.interval))
     redis.call('EXPIRE', x.pk, IDLE)
     redis.call('EXPIRE', x.lk, IDLE)
     out[#out + 1] = i

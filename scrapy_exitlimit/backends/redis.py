@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred
 
 from ..core import Candidate, Event, Lease
+from ..core.changes import ExitEvicted, Feedback, Hold, OriginHeld, PairHeld
 from ..core.limiter import INDEX_ABOVE
 from ..core.partition import share
 from ..core.warm import recall, remember
@@ -111,10 +112,8 @@ RELEASE_DELAY = 0.025
 #: that may change what was learned is looked at, and published, at once
 LEARN_CHECK = 0.05
 LEARN_CHECK_PAIRS = 200
-#: event kinds that never change what was learned (they need no look at once)
-NOT_LEARNED = frozenset({"concurrency_increase", "concurrency_decrease", "cooldown",
-                         "pair_banned", "evicted", "recovered", "breaker_open",
-                         "quota_exhausted", "origin_timeout", "exit_ip_changed"})
+#: the script's pair field for each kind of hold
+HOLD_FIELDS = {Hold.COOLDOWN: "cool", Hold.BAN: "ban"}
 #: how often the learned state of the origins in use is kept alive in Redis (seconds)
 LEARN_TOUCH = 60.0
 ON_ERROR = ("local", "pause")
@@ -505,8 +504,8 @@ class RedisBackend(Backend):
         stale = self._stale
         pkeys: list[str] = []
         pargs: list[Any] = []
-        for origin, ostate in limiter.origins.items():
-            for pair_key, pair in ostate.pairs.items():
+        for origin, origin_state in limiter.origins.items():
+            for pair_key, pair in origin_state.pairs.items():
                 bucket = pair.bucket
                 if max(bucket.tat, pair.cooldown_until, pair.banned_until) <= now:
                     continue  # nothing to say: the pair is free as far as this process knows
@@ -594,20 +593,21 @@ class RedisBackend(Backend):
 
     # -- admission ------------------------------------------------------------
     def admit(self, origin: str, want: int, now: float,
-              only: str | None = None) -> asyncio.Future:
-        return asyncio.ensure_future(self._admit_and_poll(origin, want, only))
+              pinned: str | None = None) -> asyncio.Future:
+        return asyncio.ensure_future(self._admit_and_poll(origin, want, pinned))
 
-    async def _admit_and_poll(self, origin: str, want: int, only: str | None) -> Admission:
-        got = await self._admit(origin, want, only)
-        if got.leases or self._partition is None:
-            return got
+    async def _admit_and_poll(self, origin: str, want: int, pinned: str | None) -> Admission:
+        admission = await self._admit(origin, want, pinned)
+        if admission.leases or self._partition is None:
+            return admission
         # while the pool is split, ask again soon whatever the answer: the split ends
         # without a release to wake the queue, and a pinned exit may be held elsewhere
-        return Admission([], min(got.wait, self.clock() + PARTITION_POLL), got.release_helps)
+        return Admission([], min(admission.ready_at, self.clock() + PARTITION_POLL),
+                         admission.release_helps)
 
-    async def _admit(self, origin: str, want: int, only: str | None) -> Admission:
+    async def _admit(self, origin: str, want: int, pinned: str | None) -> Admission:
         if not self.shared:
-            return self._admit_locally(origin, want, only)
+            return self._admit_locally(origin, want, pinned)
         limiter = self.limiter
         now = self.clock()
         if origin not in limiter.origins:  # new, or forgotten while idle: learn it afresh
@@ -617,10 +617,10 @@ class RedisBackend(Backend):
         if origin not in self._learn_seen:  # first met: start from what Redis holds
             await self._pull_learning(origin, "")
             if not self.shared:
-                return self._admit_locally(origin, want, only)
+                return self._admit_locally(origin, want, pinned)
         if origin in self._stagger_due:
             await self._stagger(origin)
-        if only is None and origin in self._held:
+        if pinned is None and origin in self._held:
             return self._from_held(origin, now)
         # the best few first (what this process knows of their load; in a large pool the
         # exits it used last, alone, with no plan made while they serve: the pool's other
@@ -628,11 +628,11 @@ class RedisBackend(Backend):
         # everything asked for: fewer keys to send and check
         first = FIRST_CANDIDATES + want
         best = (self._warm_ready(origin, now)[:first]
-                if only is None and origin in self._warm else [])
+                if pinned is None and origin in self._warm else [])
         candidates: list[Candidate] = []
         earliest, planned = math.inf, not best
         if planned:
-            candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+            candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, pinned)
             if not candidates:
                 return Admission([], earliest)
             best, candidates = candidates[:first], candidates[first:]
@@ -649,19 +649,19 @@ class RedisBackend(Backend):
             if chunk is None:  # the rest
                 if not planned:
                     taken = {c.exit_id for c in best}
-                    candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, only)
+                    candidates, earliest = limiter.plan(origin, now, MAX_CANDIDATES, pinned)
                     candidates = [c for c in candidates if c.exit_id not in taken]
                     self._planned[origin] = now
                 chunk = candidates
             if not chunk:
                 continue
             try:
-                got, chunk_wait, blocked = await self._admit_on(
-                    origin, want - len(leases) - len(reserved), chunk, only is None)
+                granted, chunk_wait, blocked = await self._admit_on(
+                    origin, want - len(leases) - len(reserved), chunk, pinned is None)
             except (redis.RedisError, OSError) as exc:
                 self._lost(exc)
-                return self._admit_locally(origin, want, only)
-            for at, lease in got:
+                return self._admit_locally(origin, want, pinned)
+            for at, lease in granted:
                 if at:
                     reserved.append((at, lease.id, lease))
                 else:
@@ -701,12 +701,12 @@ class RedisBackend(Backend):
         pairs = limiter.origin_state(origin).pairs
         warm = []
         for exit_id, c in reversed(self._warm[origin].items()):
-            estate = limiter.exits[exit_id]
+            exit_state = limiter.exits[exit_id]
             pair = pairs.get(c.pair)
             # only what this process knows ready, or soon enough to be reserved (others
             # would cost a second call)
-            if (pair is None or pair.single_file or estate.in_flight >= estate.limit
-                    or estate.health.dead(now)
+            if (pair is None or pair.single_file or exit_state.in_flight >= exit_state.limit
+                    or exit_state.health.dead(now)
                     or pair.ready_at(now) > now + pair.bucket.interval / 2
                     or (limiter.allowed is not None and exit_id not in limiter.allowed)):
                 continue
@@ -755,7 +755,7 @@ class RedisBackend(Backend):
         reserved token's time; lease) each, when to ask again, whether a lease limit
         stood in the way). ``reserve``: tokens due soon may be reserved."""
         limiter = self.limiter
-        budget = limiter.origin_state(origin).budget
+        budget = limiter.origin_state(origin).budget.bucket
         # the releases waiting to go out ride along, applied first
         rkeys, rargs = self._take_releases()
         keys = [*self._origin_keys(origin), *rkeys]
@@ -811,11 +811,11 @@ class RedisBackend(Backend):
                                             self._key("exit", c.exit_id))
         return keys
 
-    def _admit_locally(self, origin: str, want: int, only: str | None) -> Admission:
+    def _admit_locally(self, origin: str, want: int, pinned: str | None) -> Admission:
         now = self.clock()
         if self.on_error == "pause":
             return Admission([], now + LEASE_POLL * 10)
-        return self.admit_here(origin, want, now, only)
+        return self.admit_here(origin, want, now, pinned)
 
     # -- learned state ------------------------------------------------------------
     async def _pull_learning(self, origin: str, version: str) -> None:
@@ -878,8 +878,8 @@ class RedisBackend(Backend):
         if not self.shared or origin in self._publishing:
             return
         now = self.clock()
-        ostate = self.limiter.origins.get(origin)
-        every = LEARN_CHECK * max(1.0, len(ostate.pairs) / LEARN_CHECK_PAIRS) if ostate else 0
+        state = self.limiter.origins.get(origin)
+        every = LEARN_CHECK * max(1.0, len(state.pairs) / LEARN_CHECK_PAIRS) if state else 0
         if not urgent and now - self._mark_checked.get(origin, -math.inf) < every:
             return
         self._mark_checked[origin] = now
@@ -926,62 +926,32 @@ class RedisBackend(Backend):
                     RELEASE_DELAY, self._flush_releases)
         return lease
 
-    def _hold(self, origin: str, exit_id: str, field: str, until: float) -> None:
-        seconds = until - self.clock()
-        if seconds <= 0 or not self.shared:
-            return
-        bucket = self.limiter.pair_state(origin, exit_id).bucket
-        self._spawn(self._shared_op([self._key("pair", origin, self.limiter.pair_key(exit_id))],
-                                    ["hold", field, repr(seconds), repr(bucket.tolerance)]))
-
-    def _after(self, origin: str, events: list[Event]) -> list[Event]:
-        """Publish the effect of feedback: holds, evictions, learned rates."""
+    def _replicate(self, origin: str, feedback: Feedback) -> list[Event]:
+        """Copy what feedback changed into shared state (holds, bans, evictions); publish
+        what the origin learned (at once when it changed, else at the next look)."""
         if not self.shared:
-            return events
-        for ev in events:
-            if ev.exit_id is None:
-                continue
-            if ev.kind in ("cooldown", "quota_exhausted"):
-                pair = self.limiter.pair_state(ev.origin, ev.exit_id)
-                self._hold(ev.origin, ev.exit_id, "cool", pair.cooldown_until)
-            elif ev.kind == "pair_banned":
-                pair = self.limiter.pair_state(ev.origin, ev.exit_id)
-                self._hold(ev.origin, ev.exit_id, "ban", pair.banned_until)
-            elif ev.kind == "evicted":
-                health = self.limiter.exits[ev.exit_id].health
-                seconds = health.dead_until - self.clock()
-                self._spawn(self._shared_op([self._key("exit", ev.exit_id)],
+            return feedback.events
+        for change in feedback.changes:
+            if isinstance(change, PairHeld):
+                self._hold(self._key("pair", change.origin, change.pair), HOLD_FIELDS[change.hold],
+                           change.until, change.tolerance)
+            elif isinstance(change, OriginHeld):
+                self._hold(self._key("origin", change.origin), "hold", change.until,
+                           change.tolerance)
+            elif isinstance(change, ExitEvicted):
+                seconds = change.until - self.clock()
+                self._spawn(self._shared_op([self._key("exit", change.exit_id)],
                                             ["dead", repr(max(seconds, 0.0))]))
         if origin:
-            self._sync_learning(origin, urgent=any(ev.kind not in NOT_LEARNED for ev in events))
-        return events
+            self._sync_learning(origin, urgent=feedback.learned())
+        return feedback.events
 
-    def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
-        return self._after(lease.origin, super().success(lease, latency))
-
-    def rate_limited(self, lease: Lease, retry_after: float) -> list[Event]:
-        return self._after(lease.origin, super().rate_limited(lease, retry_after))
-
-    def announced(self, lease: Lease, rate: float | None, remaining: float | None,
-                  reset: float | None) -> list[Event]:
-        return self._after(lease.origin, super().announced(lease, rate, remaining, reset))
-
-    def banned(self, lease: Lease) -> list[Event]:
-        return self._after(lease.origin, super().banned(lease))
-
-    def overloaded(self, lease: Lease, retry_after: float | None) -> list[Event]:
-        events = super().overloaded(lease, retry_after)
-        if events and self.shared and retry_after:
-            budget = self.limiter.origin_state(lease.origin).budget
-            self._spawn(self._shared_op([self._key("origin", lease.origin)],
-                                        ["hold", "hold", repr(retry_after),
-                                         repr(budget.tolerance if budget else 0.0)]))
-        return self._after(lease.origin, events)
-
-    def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
-                    timeout: bool = False) -> list[Event]:
-        events = super().proxy_fault(lease, exit_id, origin, timeout)
-        return self._after(lease.origin if lease else origin or "", events)
+    def _hold(self, key: str, field: str, until: float, tolerance: float) -> None:
+        """No request on a pair (or origin) before ``until``, then one (not a burst)."""
+        seconds = until - self.clock()
+        if seconds <= 0:
+            return
+        self._spawn(self._shared_op([key], ["hold", field, repr(seconds), repr(tolerance)]))
 
     def stats(self) -> dict[str, Any]:
         return {"redis_round_trips": self.round_trips, "redis_errors": self.errors,

@@ -1,6 +1,7 @@
 """Pure core: admission arithmetic with an injected clock. No Scrapy, Twisted or Redis here."""
 
 from .bucket import TokenBucket
+from .events import Event, EventKind
 from .exits import (
     Exit,
     exit_id,
@@ -12,7 +13,7 @@ from .exits import (
 )
 from .health import ConcurrencyLimit, ExitHealth
 from .learning import RateEstimate
-from .limiter import UNTIL_RELEASE, Candidate, Event, Lease, Limiter, PairState, Tuning
+from .limiter import UNTIL_RELEASE, Candidate, Lease, Limiter, PairState, Tuning
 from .limits import Limits, OriginLimits, PairLimits
 from .retry_after import bounded_cooldown, parse_http_date, parse_retry_after
 
@@ -21,6 +22,7 @@ __all__ = [
     "Candidate",
     "ConcurrencyLimit",
     "Event",
+    "EventKind",
     "Exit",
     "ExitHealth",
     "Lease",

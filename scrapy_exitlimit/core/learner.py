@@ -46,14 +46,12 @@ CLEARLY_CLOSER = 0.9
 #: clean gaps a pair remembers (for RECENT seconds): a 429 at a wider gap than one
 #: of them cannot be the pair's own limit
 CLEAN_GAPS = 8
-RECENT = 10.0
+RECENT = 3.0
 #: the site is blamed when 429s its pairs' spacing does not explain come from two exits
 #: this close (or within two of the pool's intervals, whichever is longer)
 SITE_WINDOW = 0.5
 #: that many of the exits in use (at least two) 429ing at the pool's pace: its rate is wrong
 POOL_SHARE = 0.34
-#: answers since the site's rate last changed that tell what share it takes
-MIN_SHARE_ANSWERS = 5
 #: 429s as late as clean ones (the site's, or jitter at a pair's limit) point at the site
 #: when they come from this many exits within the window
 AMBIGUOUS_EXITS = 3
@@ -63,6 +61,14 @@ STRIKE_WINDOW = 3.0
 SITE_CONFIRMATIONS = 4
 #: a scout that has not settled its probe in this many intervals hands it on
 SCOUT_PATIENCE = 20
+#: an exit that drew a 429 within this many seconds does not scout for the pool
+SCOUT_QUIET = 5.0
+#: answers since the site's rate last changed that tell what share it takes
+MIN_SHARE_ANSWERS = 5
+#: seconds of clean answers a site decrease never goes under (as a rate): a limit
+#: counted over a window (N per minute) goes on refusing for the rest of its window
+#: whatever the pace, and must not walk the site rate to the floor
+SITE_MEMORY = 10.0
 
 
 @dataclass
@@ -84,10 +90,12 @@ class PairLearning:
     clean_gaps: deque[tuple[float, float]] = field(
         default_factory=lambda: deque(maxlen=CLEAN_GAPS))
     strike: float = -math.inf  # its last 429 that pointed at no one else
+    last_429: float = -math.inf  # its last 429 of any kind: a scout is one quiet lately
     #: the rate the server's headers state for this pair, and one a 429 contradicted
     #: (ignored until the headers say something else)
     announced: float | None = None
     distrusted: float | None = None
+    distrusted_at: float = -math.inf  # when a 429 contradicted the statement
 
 
 @dataclass
@@ -112,6 +120,8 @@ class OriginLearner:
     pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
     #: answers over the last two seconds: (time, admitted at, clean)
     answers: deque[tuple[float, float, bool]] = field(default_factory=deque)
+    #: when clean answers came, over the last SITE_MEMORY seconds
+    clean_times: deque[float] = field(default_factory=deque)
     #: admissions over the last two seconds: (time, exit), the origin's actual rate
     admissions: deque[tuple[float, str]] = field(default_factory=deque)
     first_admission: float = math.inf
@@ -152,23 +162,30 @@ class OriginLearner:
         self.admissions.append((now, exit_id))
         while now - self.admissions[0][0] > 2.0:
             self.admissions.popleft()
-        if pl.own is None and self.scout is None and (
+        if self.scout is None and self.may_scout(pl, now) and (
                 self.pool.target() > self.pool.lo or not self.pool.proven):
             self.scout, self.scout_since = exit_id, now
             pl.confirmations, pl.confirmed_rate = 0, math.inf
             return True
         return False
 
-    def admitted_rate(self, now: float, window: float = 1.0) -> float:
-        """Requests/s admitted for the origin over the last ``window`` seconds (over
-        less when its first admission is more recent, but at least 0.1 s)."""
-        return self._per_second(sum(1 for at, _ in self.admissions if now - at <= window),
-                                now, window)
+    @staticmethod
+    def may_scout(pl: PairLearning, now: float) -> bool:
+        """A scout probes for the pool: not an exit with a limit of its own, nor one that
+        drew a 429 lately (in a mixed pool, the slow exits; a probe there says nothing
+        about the others)."""
+        return pl.own is None and now - pl.last_429 > SCOUT_QUIET
 
-    def accepted_rate(self, now: float, window: float = 1.0) -> float:
+    def admitted_rate(self, now: float, window: float = 1.0, least: float = 0.1) -> float:
+        """Requests/s admitted for the origin over the last ``window`` seconds (over
+        less when its first admission is more recent, but at least ``least`` s)."""
+        return self._per_second(sum(1 for at, _ in self.admissions if now - at <= window),
+                                now, window, least)
+
+    def accepted_rate(self, now: float, window: float = 1.0, least: float = 0.1) -> float:
         """Clean answers/s over the last ``window`` seconds: what the site takes."""
         return self._per_second(sum(1 for at, _, ok in self.answers if ok and now - at <= window),
-                                now, window)
+                                now, window, least)
 
     def clean_share(self, since: float) -> float | None:
         """The share of clean answers to requests admitted since ``since`` (None: too
@@ -176,9 +193,14 @@ class OriginLearner:
         recent = [ok for _, admitted, ok in self.answers if admitted >= since]
         return sum(recent) / len(recent) if len(recent) >= MIN_SHARE_ANSWERS else None
 
-    def _per_second(self, count: int, now: float, window: float) -> float:
+    def _clean_rate(self, now: float, window: float) -> float:
+        """Clean answers/s over the last ``window`` (at most SITE_MEMORY) seconds."""
+        return self._per_second(sum(1 for at in self.clean_times if now - at <= window),
+                                now, window, 1.0)
+
+    def _per_second(self, count: int, now: float, window: float, least: float) -> float:
         span = window if self.first_admission <= now - window else now - self.first_admission
-        return count / max(span, 0.1)
+        return count / max(span, least)
 
     def active_exits(self, now: float) -> int:
         """Exits admitted for the origin over the last two seconds."""
@@ -208,6 +230,11 @@ class OriginLearner:
         answers.append((now, admitted_at, clean))
         while now - answers[0][0] > 2.0:
             answers.popleft()
+        if clean:
+            times = self.clean_times
+            times.append(now)
+            while now - times[0] > SITE_MEMORY:
+                times.popleft()
 
     def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                   gap: float, margin: float, admitted_at: float, site_gap: float, now: float,
@@ -265,6 +292,12 @@ class OriginLearner:
         if own and not configured and est.lo >= self.pool.lo * (1 - 2 * RESOLUTION) \
                 and self.pool.proven:
             pl.own = None
+            pool = self.pool
+            if est.hi is not None and (pool.hi is None or est.hi < pool.hi):
+                # it is like the others after all: the ceiling it found is the pool's
+                pool.hi, pool.seen = est.hi, est.seen
+                pool.lo = min(max(pool.lo, est.lo), est.hi)
+                pool.settled = pool.converged
         return [Event("rate_up", origin, exit_id if own else None,
                       f"{before:.3g} -> {est.lo:.3g} r/s")]
 
@@ -285,7 +318,7 @@ class OriginLearner:
         if pace < 0.9 * target:
             return []  # demand, not the budget, set the pace: nothing learned
         before = site.lo
-        site.confirmed(target, now)
+        site.confirmed(min(pace, target), now)  # what really ran clean
         if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
             self.site = None  # no site limit left to respect
             return [Event("site_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
@@ -305,13 +338,19 @@ class OriginLearner:
         pair's limit: it points at the site.
         """
         self._answered(now, admitted_at, False)
+        pl.last_429 = now
         pl.confirmations, pl.confirmed_rate = 0, math.inf
         self.site_confirmations, self.site_gaps = 0, 0.0  # no site probe is clean now
         clean_gap = admitted_at - pl.last_clean
-        recent = [g for at, g in pl.clean_gaps if now - at <= RECENT]
+        # (a pair's first clean request has no gap: until it has one, the pool's proven
+        # rate says what pace per IP the site takes; without either, it is the pair's)
+        recent = [g for at, g in pl.clean_gaps if now - at <= RECENT and math.isfinite(g)]
         fastest = min(recent, default=math.inf)
-        closer = clean_gap < fastest * CLEARLY_CLOSER - slack
-        wider = clean_gap > fastest * (1 + RESOLUTION / 2) + slack
+        reference = fastest
+        if not recent and pl.own is None and self.pool.proven:
+            reference = 1.0 / self.pool.lo
+        closer = clean_gap < reference * CLEARLY_CLOSER - slack
+        wider = clean_gap > reference * (1 + RESOLUTION / 2) + slack
         # what the 429 says: the limit is under the pace it was paced at (or faster)
         pace = 1.0 / clean_gap if clean_gap > 0 else math.inf
         rate = max(rate, min(1.0 / gap if gap > 0 else 0.0, pace))
@@ -398,7 +437,9 @@ class OriginLearner:
         spread = len({e for _, e, _ in blame})
         surely = len({e for _, e, is_sure in blame if is_sure})
         active = self.active_exits(now)
-        if surely < min(2, active) and spread < min(AMBIGUOUS_EXITS, active):
+        # (once the site is known to be limited, such a 429 is its rate's doing)
+        if self.site is None and surely < min(2, active) and \
+                spread < min(AMBIGUOUS_EXITS, active):
             return []
         return self._site_limited(origin, spread, admitted_at, now)
 
@@ -408,15 +449,18 @@ class OriginLearner:
         site actually took requests, once per congestion event (its probe's
         confirmations were reset by the 429 that brought us here)."""
         site = self.site
-        offered = self.admitted_rate(now)
-        accepted = self.accepted_rate(now)
         if site is None:
+            # early in a crawl these are counts over a fraction of a second: read them
+            # as per whole second, or the first burst (one request per exit) would pass
+            # for a rate the site never took
+            offered = self.admitted_rate(now, least=1.0)
+            accepted = self.accepted_rate(now, least=1.0)
             top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
-            # where the site took requests, but never under half what was sent: early in
-            # a crawl "accepted" is a count over a fraction of a second
+            # where the site took requests, but never under half what was sent
             start = max(accepted, offered / 2, self.min_rate)
             site = self.site = RateEstimate(min(start, top), floor=self.min_rate, ceiling=top)
-            site.hi = site.seen = max(offered, site.lo)
+            if now - self.first_admission >= 1.0:  # (the first burst tells no rate)
+                site.hi = site.seen = max(offered, site.lo)
             site.changed_at = now
             return [Event("site_limited", origin, None,
                           f"429s on {spread} exits: the site takes {site.lo:.3g} r/s "
@@ -435,6 +479,12 @@ class OriginLearner:
         share = self.clean_share(since)
         if share is not None and target * share < site.lo:
             site.lo = max(target * share, site.lo * 0.5, site.floor)
+        # ... but not under what it took over the last SITE_MEMORY seconds: a limit
+        # counted over a window (N per minute) refuses for the rest of its window
+        # whatever the pace, and must not walk the site rate down to the floor
+        took = self._clean_rate(now, SITE_MEMORY)
+        assert site.hi is not None
+        site.lo = max(site.lo, min(took, site.hi * backoff(1)))
         return [Event("site_rate_down", origin, None,
                       f"{before:.3g} -> {site.lo:.3g} r/s, ceiling {site.hi:.3g}")]
 

@@ -22,7 +22,7 @@ CLIMB_BELOW = 1.5
 DISCOVERY_BACKOFF = 0.5
 #: a known ceiling is forgotten this fast while clean (per second), so a raised limit
 #: is found: fast at first, slower each time a re-probe finds the ceiling where it was
-CEILING_DRIFT = 0.005
+CEILING_DRIFT = 0.0075
 CEILING_DRIFT_MIN = 0.001
 
 

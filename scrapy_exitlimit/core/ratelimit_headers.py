@@ -102,29 +102,45 @@ class QuotaWindows:
     ``X-RateLimit-Limit`` with ``-Remaining`` and ``-Reset`` (seconds or an epoch,
     both seen in the wild; ``parse_ratelimit`` makes either a delta) says how many
     requests a window allows and when it ends, not how long it is. The length shows
-    the first time a window resets: ``remaining`` jumps back up, and ``reset`` then
-    counts down from a full window. From then on the rate is ``limit / window``.
-    One per key (a pair, or a scope); plain arithmetic, no clock of its own.
+    when a window opens: the answer to the request that opened it (``remaining`` is
+    ``limit - 1``, or it jumped back up while ``reset`` moved more than a second
+    later) states a reset one full window away. Resets come in whole seconds, rounded
+    up: a delta, or the window's end as an epoch second. So the window, a whole
+    number of seconds, is at most the reset plus the time the answer took to come
+    back (``latency``), and more than that less one second: the largest whole number
+    of seconds in that range is safe (``ceil`` of the reset alone read a 1 s window
+    stated as an epoch as 2 s, pacing at half the limit). The shortest reading so far
+    is the window; from then on the rate is ``limit / window``. A window that is not a
+    whole number of seconds may read short: the 429 that follows makes the limiter
+    stop trusting the statement. One per key (a pair, or a scope); plain arithmetic,
+    no clock of its own.
     """
 
     __slots__ = ("_last", "windows")
 
     def __init__(self) -> None:
-        self._last: dict[Any, float] = {}  # key -> remaining at the previous answer
+        # key -> (remaining, reset) at the previous answer
+        self._last: dict[Any, tuple[float, float]] = {}
         self.windows: dict[Any, float] = {}
 
-    def rate(self, key: Any, quota: Quota) -> float | None:
-        """The rate ``quota`` states, or the one its window has shown, or None."""
+    def rate(self, key: Any, quota: Quota, latency: float = 0.0) -> float | None:
+        """The rate ``quota`` states, or the one its windows have shown, or None.
+        ``latency``: seconds from sending the request to reading this answer."""
         if quota.rate is not None:
             return quota.rate
         if quota.limit is None or quota.remaining is None or quota.reset is None:
             return None
-        window = self.windows.get(key)
         previous = self._last.get(key)
-        self._last[key] = quota.remaining
-        if window is None and previous is not None and quota.remaining > previous \
-                and quota.reset > 0:
-            window = self.windows[key] = math.ceil(quota.reset)  # reset shown in whole seconds
+        self._last[key] = (quota.remaining, quota.reset)
+        opened = quota.remaining >= quota.limit - 1 or (
+            previous is not None and quota.remaining > previous[0]
+            and quota.reset > previous[1] + 1.0)
+        if opened and quota.reset > 0:
+            reading = quota.reset + max(latency, 0.0)
+            window = float(math.floor(reading + 1e-9)) or reading
+            if window < self.windows.get(key, math.inf):
+                self.windows[key] = window
+        window = self.windows.get(key)
         if window is None or not quota.limit > 0:
             return None
         return _finite(quota.limit / window)

@@ -18,7 +18,8 @@ Run it standalone with ``python -m scrapy_exitlimit.lab --exits 10 --rate 5``.
 from __future__ import annotations
 
 from .lab import Lab
-from .origin import GCRA, INHERIT, IPRule, Origin, OriginConfig
+from .origin import GCRA, INHERIT, FixedWindow, IPRule, Origin, OriginConfig, ScheduledAnswer
 from .proxy import ForwardProxy
 
-__all__ = ["Lab", "OriginConfig", "IPRule", "Origin", "ForwardProxy", "GCRA", "INHERIT"]
+__all__ = ["Lab", "OriginConfig", "IPRule", "Origin", "ForwardProxy", "GCRA", "INHERIT",
+           "FixedWindow", "ScheduledAnswer"]

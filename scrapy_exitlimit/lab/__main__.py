@@ -9,6 +9,11 @@ A limit that moves: --rate 5 --rate-change 6=2 (5 r/s per IP, 2 r/s from 6 s aft
 first request). Jitter between exits and origin: --delay 0.02 --jitter 0.06. A broad crawl:
 --origins 30 (30 origins, one port each, each with its own limits and /_lab/ routes).
 
+Signals: --status-at 10=503:3 (one 503 with Retry-After 3, 10 s after the first request);
+--announce-policy '10;w=1' (every answer states that RateLimit-Policy, true or not);
+--window-limit 15 --window 5 --window-reset epoch (15 per 5 s per IP, a fixed window stated
+in X-RateLimit-Limit/-Remaining/-Reset, the reset as seconds or a Unix time).
+
 Faults: --fail 127.0.0.14=407 --reset 127.0.0.15=3 --reset-probability 127.0.0.16=0.2
 --blackhole 127.0.0.17 --stall /page/3 --stall-fraction 0.01 --seed 1
 """
@@ -23,7 +28,7 @@ import sys
 from typing import Any
 
 from .lab import FIRST_EXIT_HOST, Lab
-from .origin import IPRule, OriginConfig
+from .origin import IPRule, OriginConfig, ScheduledAnswer
 
 logger = logging.getLogger("scrapy_exitlimit.lab")
 
@@ -47,6 +52,19 @@ def _rate_change(value: str) -> tuple[float, float]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected AT=RATE with AT >= 0 seconds and RATE > 0, got {value!r}") from None
+
+
+def _status_at(value: str) -> ScheduledAnswer:
+    at, sep, answer = value.partition("=")
+    status, colon, retry_after = answer.partition(":")
+    try:
+        if not sep or not status.isdigit() or (colon and not retry_after):
+            raise ValueError
+        return ScheduledAnswer(float(at), int(status),
+                               float(retry_after) if colon else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected AT=STATUS[:RETRY_AFTER] with AT >= 0 seconds, got {value!r}") from None
 
 
 def _ip_value(kind: type, what: str, ok: Any) -> Any:
@@ -119,7 +137,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    type=_ip_value(int, "N with N >= 1", lambda n: n >= 1),
                    help="this exit forwards at most N requests at once, the rest queue")
     p.add_argument("--dead", type=int, default=0, help="exit URLs nobody listens on")
-    p.add_argument("--ratelimit-headers", action="store_true")
+    p.add_argument("--ratelimit-headers", action="store_true",
+                   help="state the per-IP rate in RateLimit, RateLimit-Policy and "
+                   "X-RateLimit-* headers")
+    sig = p.add_argument_group("signals")
+    sig.add_argument("--status-at", action="append", default=[], type=_status_at,
+                     metavar="AT=STATUS[:RETRY_AFTER]",
+                     help="the first page request AT seconds or more after the first request "
+                     "is answered STATUS (with Retry-After), once per reset (repeatable)")
+    sig.add_argument("--announce-policy", default=None, metavar="POLICY",
+                     help="send 'RateLimit-Policy: POLICY' (e.g. '10;w=1') on every answer, "
+                     "whatever the limit really is")
+    sig.add_argument("--window-limit", type=int, default=0, metavar="N",
+                     help="also a fixed window per IP: N requests per --window seconds, "
+                     "stated in X-RateLimit-Limit/-Remaining/-Reset; 0: none")
+    sig.add_argument("--window", type=float, default=60.0, metavar="SECONDS")
+    sig.add_argument("--window-reset", choices=("seconds", "epoch"), default="seconds",
+                     help="X-RateLimit-Reset as seconds to the window's end, or its Unix time")
     p.add_argument("--proxy-auth", type=_credentials, default=None, metavar="USER:PASS")
     p.add_argument("--port", type=int, default=0, help="origin port (default: a free one)")
     f = p.add_argument_group("faults (exits named by the IP they leave from)")
@@ -168,6 +202,11 @@ def build_lab(args: argparse.Namespace) -> Lab:
         stall_times=args.stall_times,
         stall_fraction=args.stall_fraction,
         stall_seed=args.seed,
+        status_at=args.status_at,
+        announce_policy=args.announce_policy,
+        window_limit=args.window_limit or None,
+        window=args.window,
+        window_reset=args.window_reset,
     )
     proxy_kwargs: dict[int, dict[str, Any]] = {}
 
@@ -270,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         args.delay,
         args.jitter,
     )
+    if cfg.status_at or cfg.announce_policy or cfg.window_limit:
+        logger.info("signals: answers %s; policy stated %s; fixed window %s",
+                    [(a.at, a.status, a.retry_after) for a in cfg.status_at] or "none",
+                    cfg.announce_policy or "none",
+                    f"{cfg.window_limit} per {cfg.window:g}s (reset as {cfg.window_reset})"
+                    if cfg.window_limit else "none")
     faults = {lab.proxies[i].bind_ip: kw for i, kw in sorted(lab_faults(lab).items())}
     if faults or cfg.stall_paths or cfg.stall_fraction:
         logger.info("faults: exits %s; origin stalls %s (times %s), fraction %g",

@@ -14,6 +14,13 @@ origin sees since its last reset, as an nginx reloaded with a new ``rate`` would
 
 A fault, off by default: the origin can *stall* chosen pages, or a fraction of page
 requests: accept them and never answer (``OriginConfig.stall_paths`` / ``stall_fraction``).
+
+Signals, each off by default: one answer at a chosen time (``OriginConfig.status_at``: the
+single 503 of an overloaded backend, with its Retry-After); a ``RateLimit-Policy`` stated on
+every answer whatever the limit really is (``announce_policy``, an honest or a false hint,
+as nginx ``add_header ... always`` sends it); and a fixed-window limit per client IP
+(``window_limit`` per ``window`` seconds, GitHub style) that states ``X-RateLimit-Limit``,
+``-Remaining`` and ``-Reset`` with the reset in seconds or as a Unix time.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ Clock = Callable[[], float]
 _EPS = 1e-9
 _STATUSES = (200, 429, 403, 503, 404)
 _MODES = ("seconds", "http-date", "none")
+_RESET_FORMS = ("seconds", "epoch")
 _HTML = b"text/html; charset=utf-8"
 #: pieces a slow body (OriginConfig.body_time) is sent in
 BODY_PIECES = 4
@@ -69,6 +77,24 @@ class IPRule:
     ban: bool = False  # 403 block page for everything
     latency: float = 0.0  # added to OriginConfig.latency
     capacity: int | None | _Inherit = INHERIT  # None: unbounded for this IP
+
+
+@dataclass(frozen=True)
+class ScheduledAnswer:
+    """One page request answered ``status`` instead of being served: the first to arrive
+    ``at`` seconds or more after the first request since the last reset (as a rate
+    schedule counts), with ``Retry-After: retry_after`` seconds when given. It is decided
+    before the limiters and consumes nothing from them."""
+
+    at: float
+    status: int
+    retry_after: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.at < 0 or not 100 <= self.status <= 599:
+            raise ValueError("a scheduled answer needs at >= 0 and a status in 100..599")
+        if self.retry_after is not None and self.retry_after < 0:
+            raise ValueError("a scheduled answer's retry_after must be >= 0")
 
 
 @dataclass
@@ -102,9 +128,34 @@ class OriginConfig:
     # IPs that inherit ``rate`` are limited to this rate instead (their GCRA keeps the slot it
     # already booked). Before the first ``at``, ``rate`` holds.
     rate_schedule: Iterable[tuple[float, float]] = ()
+    # One-off answers at chosen times since the first request (e.g. a single 503 with
+    # Retry-After 3, 10 s in), each given once per reset.
+    status_at: Iterable[ScheduledAnswer] = ()
+    # A RateLimit-Policy field value (e.g. "10;w=1") sent as is on every answer, whatever
+    # the limits really are; it replaces the one ratelimit_headers would derive.
+    announce_policy: str | None = None
+    # A fixed-window limit per client IP, checked after the per-IP rate: window_limit
+    # requests per `window` seconds, a window opening with an IP's first request after the
+    # last one closed. Every page answer states X-RateLimit-Limit/-Remaining/-Reset, the
+    # reset as seconds to the window's end ("seconds") or its end in Unix time ("epoch");
+    # a request over it is answered 429 with Retry-After the seconds to the window's end.
+    window_limit: int | None = None
+    window: float = 60.0
+    window_reset: str = "seconds"
 
     def __post_init__(self) -> None:
         self.stall_paths = frozenset(self.stall_paths)  # a one-shot iterator is read once
+        self.status_at = sorted(self.status_at, key=lambda a: a.at)
+        if self.announce_policy is not None and (
+                not self.announce_policy.isprintable() or not self.announce_policy.isascii()):
+            raise ValueError("announce_policy must be printable ASCII")
+        if self.window_limit is not None and (self.window_limit < 1 or self.window <= 0):
+            raise ValueError("a fixed window needs window_limit >= 1 and window > 0")
+        if self.window_reset not in _RESET_FORMS:
+            raise ValueError(f"window_reset must be one of {_RESET_FORMS}")
+        if self.window_limit is not None and self.ratelimit_headers:
+            raise ValueError("ratelimit_headers states the per-IP rate; a fixed window "
+                             "states its own X-RateLimit-* headers: choose one")
         self.rate_schedule = sorted((float(at), float(r)) for at, r in self.rate_schedule)
         if any(at < 0 or r <= 0 for at, r in self.rate_schedule):
             raise ValueError("rate_schedule needs times >= 0 and rates > 0")
@@ -226,6 +277,40 @@ class GCRA:
         self.tat = 0.0
 
 
+class FixedWindow:
+    """``limit`` requests per ``window`` seconds, GitHub style: a window opens with the
+    first request after the last one closed and counts what it accepts; a rejected
+    request consumes nothing."""
+
+    __slots__ = ("limit", "window", "start", "used")
+
+    def __init__(self, limit: int, window: float) -> None:
+        if limit < 1 or window <= 0:
+            raise ValueError("limit must be >= 1 and window > 0")
+        self.limit, self.window = limit, window
+        self.start = -math.inf
+        self.used = 0
+
+    def _roll(self, now: float) -> None:
+        if now >= self.start + self.window - _EPS:
+            self.start, self.used = now, 0
+
+    def try_acquire(self, now: float) -> bool:
+        self._roll(now)
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def remaining(self, now: float) -> int:
+        self._roll(now)
+        return self.limit - self.used
+
+    def reset_in(self, now: float) -> float:
+        """Seconds until the open window closes (0.0: none is open)."""
+        return max(0.0, self.start + self.window - now)
+
+
 def max_in_window(times: Iterable[float], window: float) -> int:
     """The most timestamps falling in any half-open interval ``[t, t + window)``."""
     ts = sorted(times)
@@ -334,6 +419,8 @@ class Origin(ListeningServer):
         self._stall_paths = frozenset(cfg.stall_paths)
         self._schedule_start: float | None = None  # origin clock of the first request
         self._rate = cfg.rate  # the per-IP rate now in force for IPs that inherit it
+        self._answers_due = list(cfg.status_at)  # scheduled answers not given yet
+        self._windows: dict[str, FixedWindow] = {}
 
     def stalled(self) -> list[tuple[float, str, str]]:
         """``(arrival time, client IP, path)`` of every request the origin stalled."""
@@ -415,9 +502,12 @@ class Origin(ListeningServer):
         out: dict[str, Any] = {"ips": ips, "totals": _summary(total, arrivals, accepted)}
         if self._stalled:
             out["stalled"] = len(self._stalled)
-        if self.config.rate_schedule:
+        if self.config.rate_schedule or self.config.status_at:
             out["schedule_start"] = self.schedule_start
+        if self.config.rate_schedule:
             out["rate"] = self._rate
+        if self.config.status_at:
+            out["scheduled_answers_left"] = len(self._answers_due)
         return out
 
     # -- serving -----------------------------------------------------------------
@@ -458,16 +548,27 @@ class Origin(ListeningServer):
         if page is None:
             return self._answer(request, st, 404, _error_page(404), delay)
 
+        due = self._answer_due(now)
+        if due is not None:
+            if due.retry_after is not None:
+                request.setHeader(b"retry-after", b"%d" % math.ceil(due.retry_after))
+            return self._answer(request, st, due.status, _error_page(due.status), delay)
+
         if ip not in self._limiters:
             rate = self._rate if cfg.inherits_rate(ip) else cfg.rate_for(ip)
             self._limiters[ip] = GCRA(rate, cfg.burst, self.clock) if rate else None
         limiter = self._limiters[ip]
+        window = self._window(ip)
         if limiter is not None and limiter.wait_time(now) > 0:
             self._limited_headers(request, limiter, now)
             return self._answer(request, st, 429, _error_page(429), delay)
+        if window is not None and window.remaining(now) < 1:
+            self._window_headers(request, window, now)
+            self._limited_headers(request, limiter, now, retry_after=window.reset_in(now))
+            return self._answer(request, st, 429, _error_page(429), delay)
         olimiter = self._origin_limiter
         if olimiter is not None and olimiter.wait_time(now) > 0:
-            # Nothing was consumed: a rejected request must not move either schedule.
+            # Nothing was consumed: a rejected request must not move any schedule.
             self._limited_headers(request, limiter, now)
             status = cfg.origin_status
             return self._answer(request, st, status, _error_page(status), delay)
@@ -475,19 +576,52 @@ class Origin(ListeningServer):
             limiter.try_acquire(now)
             if cfg.ratelimit_headers:
                 self._ratelimit_headers(request, limiter, now)
+        if window is not None:
+            window.try_acquire(now)
+            self._window_headers(request, window, now)
         if olimiter is not None:
             olimiter.try_acquire(now)
         st.accepted.append(now - self._t0)
         return self._answer(request, st, 200, _INDEX if page < 0 else _page(page, ip), delay)
 
-    def _limited_headers(self, request: Request, limiter: GCRA | None, now: float) -> None:
+    def _answer_due(self, now: float) -> ScheduledAnswer | None:
+        """The scheduled answer this request gets, if one is due (each is given once)."""
+        due = self._answers_due
+        if not due or self._schedule_start is None:
+            return None
+        if now - self._schedule_start + _EPS >= due[0].at:
+            return due.pop(0)
+        return None
+
+    def _window(self, ip: str) -> FixedWindow | None:
         cfg = self.config
+        if cfg.window_limit is None:
+            return None
+        window = self._windows.get(ip)
+        if window is None:
+            window = self._windows[ip] = FixedWindow(cfg.window_limit, cfg.window)
+        return window
+
+    def _window_headers(self, request: Request, window: FixedWindow, now: float) -> None:
+        left = window.reset_in(now)
+        if self.config.window_reset == "epoch":
+            reset = math.ceil(self.wallclock() + left)
+        else:
+            reset = math.ceil(left - _EPS)
+        request.setHeader(b"x-ratelimit-limit", b"%d" % window.limit)
+        request.setHeader(b"x-ratelimit-remaining", b"%d" % window.remaining(now))
+        request.setHeader(b"x-ratelimit-reset", b"%d" % reset)
+
+    def _limited_headers(self, request: Request, limiter: GCRA | None, now: float,
+                         retry_after: float | None = None) -> None:
+        cfg = self.config
+        wait = cfg.retry_after if retry_after is None else retry_after
         if cfg.retry_after_mode == "seconds":
-            request.setHeader(b"retry-after", b"%d" % max(0, math.ceil(cfg.retry_after)))
+            request.setHeader(b"retry-after", b"%d" % max(0, math.ceil(wait - _EPS)))
         elif cfg.retry_after_mode == "http-date":
             wall = self.wallclock()
             request.setHeader(b"date", formatdate(wall, usegmt=True).encode())
-            when = math.ceil(wall + max(0.0, cfg.retry_after))
+            when = math.ceil(wall + max(0.0, wait))
             request.setHeader(b"retry-after", formatdate(when, usegmt=True).encode())
         if cfg.ratelimit_headers and limiter is not None:
             self._ratelimit_headers(request, limiter, now)
@@ -511,6 +645,8 @@ class Origin(ListeningServer):
         st.status[status] += 1
         st.statuses.append(status)
         _set(request, status, body, _HTML)
+        if self.config.announce_policy is not None:
+            request.setHeader(b"ratelimit-policy", self.config.announce_policy.encode())
         body_time = self.config.body_time
         if delay <= 0 and body_time <= 0:
             return body

@@ -1,0 +1,235 @@
+"""Feedback: each answer goes to the laws of the keys it concerns.
+
+=========================  =============================================  ===========
+answer                     what changes (the law)                          key
+=========================  =============================================  ===========
+2xx/3xx, ordinary 4xx      breaker closed, bans forgotten (``pair.py``);   pair, exit,
+                           exit healthy, its cap may grow (``health.py``);  origin
+                           the rate learned (``learner.py``); the 503
+                           budget grows back (``budget.py``)
+429                        cooldown, breaker (``pair.py``); a statement    pair
+                           proved wrong (``stated.py``); the rate learned,
+                           once per congestion event (``learner.py``)
+RateLimit headers          the pair's own limit, or a hold (``stated.py``)  pair
+403 / block page           ban (``pair.py``)                                pair
+503                        the origin budget (``budget.py``)                origin
+proxy fault / timeout      cap, eviction (``health.py``), unless the        exit
+                           origin is to blame (``blame.py``)
+exit IP named              pair state follows it (``aliases.py``)          exit
+=========================  =============================================  ===========
+
+Each method returns a :class:`~.changes.Feedback`: the events to log and count,
+and the typed state changes a shared backend copies.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+from .changes import ExitEvicted, Feedback, Hold, LearningChanged, OriginHeld, PairHeld
+from .events import Event, EventKind
+from .leases import Lease
+from .origin import OriginState
+from .pair import PairState
+from .pool import ExitPool
+from .state import StateTable
+from .stated import contradicted, rate_stated, sent_at_stated_pace
+from .views import usable
+
+if TYPE_CHECKING:
+    from .limiter import Tuning
+
+
+class FeedbackLaws:
+    """Applies answers to the state of a limiter (its state table and exit pool)."""
+
+    def __init__(self, state: StateTable, pool: ExitPool, tuning: Tuning,
+                 clock: Callable[[], float], rng: random.Random) -> None:
+        self.state = state
+        self.pool = pool
+        self.tuning = tuning
+        self.clock = clock
+        self.rng = rng
+
+    def _pair(self, origin: str, exit_id: str) -> tuple[OriginState, PairState]:
+        origin_state = self.state.origin(origin)
+        return origin_state, self.state.pair(origin_state, exit_id)
+
+    def _held(self, origin: str, exit_id: str, pair: PairState, hold: Hold) -> PairHeld:
+        until = pair.cooldown_until if hold is Hold.COOLDOWN else pair.banned_until
+        return PairHeld(origin, exit_id, self.state.aliases.pair_key(exit_id), hold, until,
+                        pair.bucket.tolerance)
+
+    def success(self, lease: Lease, latency: float | None = None) -> Feedback:
+        now = self.clock()
+        out = Feedback()
+        origin_state, pair = self._pair(lease.origin, lease.exit_id)
+        exit_state = self.pool.states[lease.exit_id]
+        if pair.succeeded(now):
+            out.events.append(Event(EventKind.RECOVERED, lease.origin, lease.exit_id,
+                                    "probe succeeded"))
+        exit_state.health.success()
+        if latency is not None:
+            concurrency = exit_state.concurrency
+            moved = concurrency.success(latency, lease.was_full)
+            if moved:
+                out.events.append(Event(
+                    EventKind(f"concurrency_{moved}"), lease.origin, lease.exit_id,
+                    f"limit {concurrency.limit} (latency {latency:.3f}s, "
+                    f"baseline {concurrency.baseline:.3f}s)"))
+        learned = origin_state.learner.succeeded(
+            lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
+            margin=pair.bucket.margin, admitted_at=lease.admitted_at, site_gap=lease.site_gap,
+            now=now,
+            configured=self.state.configured_rate(lease.origin, lease.exit_id) is not None)
+        self._learned(out, lease.origin, learned)
+        if origin_state.budget.may_recover(now):
+            origin_state.budget.recover(origin_state.learner.site_rate(),
+                                  self.tuning.max_rate * len(self.pool))
+        return out
+
+    def rate_limited(self, origin: str, exit_id: str, retry_after: float,
+                     lease: Lease | None = None, now: float | None = None) -> Feedback:
+        now = self.clock() if now is None else now
+        t = self.tuning
+        out = Feedback()
+        origin_state, pair = self._pair(origin, exit_id)
+        admitted_at = lease.admitted_at if lease is not None else None
+        opened = pair.rate_limited(now, retry_after, admitted_at=admitted_at,
+                                   stretch=1.0 + self.rng.uniform(0.0, t.jitter),
+                                   breaker_after=t.breaker_after,
+                                   breaker_cooldown=t.breaker_cooldown)
+        pair.learning.rate_streak += 1
+        if opened is not None:
+            out.events.append(Event(EventKind.BREAKER_OPEN, origin, exit_id,
+                                    f"{pair.streak_429} 429s in a row: open for "
+                                    f"{opened - now:.1f}s"))
+        out.events.append(Event(EventKind.COOLDOWN, origin, exit_id,
+                                f"{pair.cooldown_until - now:.2f}s"))
+        out.changes.append(self._held(origin, exit_id, pair, Hold.COOLDOWN))
+        if lease is None:
+            return out
+        stated = contradicted(pair, lease.rate, now)
+        if stated is not None:  # learning takes over where it stood without it
+            pair.own_limit = self.state.configured_limit(origin, exit_id)
+            self._learned(out, origin, [Event(
+                EventKind.ANNOUNCEMENT_WRONG, origin, exit_id,
+                f"429 at {lease.rate:.3g} r/s, stated {stated:.3g}")])
+            return out
+        if sent_at_stated_pace(pair, lease.admitted_at):
+            return out  # the 429 that found the statement wrong said it all
+        self._learned(out, origin, origin_state.learner.rate_limited(
+            origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
+            admitted_at=lease.admitted_at, now=now, slack=pair.bucket.margin + pair.spread,
+            pick_scout=partial(self._pick_scout, origin_state, now)))
+        return out
+
+    @staticmethod
+    def _learned(out: Feedback, origin: str, events: list[Event]) -> None:
+        """Events of what the origin learned: logged, and the learning published."""
+        if events:
+            out.events += events
+            if not out.learned():
+                out.changes.append(LearningChanged(origin))
+
+    def _pick_scout(self, origin_state: OriginState, now: float, exclude: Sequence[str]
+                    ) -> str | None:
+        """Another exit to probe with: one of the pool's (no limit of its own), usable."""
+        pair_key = self.state.aliases.pair_key
+        choices = [e for e in self.pool.states if e not in exclude and self.pool.allows(e)
+                   and usable(self.state, self.pool, origin_state.key, e, now)
+                   and (p := origin_state.pairs.get(pair_key(e))) is not None
+                   and origin_state.learner.may_scout(p.learning, now)
+                   and p.cooldown_until <= now]
+        if not choices:
+            return None
+        chosen = self.rng.choice(choices)
+        pair = origin_state.pairs[pair_key(chosen)]
+        pair.learning.confirmations, pair.learning.confirmed_rate = 0, math.inf
+        origin_state.learner.scout_since = now
+        return chosen
+
+    def announced(self, lease: Lease, rate: float | None, remaining: float | None,
+                  reset: float | None) -> Feedback:
+        now = self.clock()
+        out = Feedback()
+        _, pair = self._pair(lease.origin, lease.exit_id)
+        if rate is not None and rate > 0:
+            stated = rate_stated(pair, rate, min_rate=self.tuning.min_rate,
+                                 max_rate=self.tuning.max_rate,
+                                 configured=self.state.configured_rate(lease.origin,
+                                                                       lease.exit_id))
+            if stated is not None:
+                pair.own_limit = self.state.fixed_estimate(stated)
+                self._learned(out, lease.origin, [Event(
+                    EventKind.RATE_ANNOUNCED, lease.origin, lease.exit_id,
+                    f"server states {stated:.3g} r/s")])
+        elif remaining is not None and reset is not None and remaining < 1 and reset > 0:
+            if pair.hold(now + reset):
+                out.events.append(Event(EventKind.QUOTA_EXHAUSTED, lease.origin, lease.exit_id,
+                                        f"holding {reset:.2f}s until the quota resets"))
+                out.changes.append(self._held(lease.origin, lease.exit_id, pair,
+                                              Hold.COOLDOWN))
+        return out
+
+    def banned(self, lease: Lease) -> Feedback:
+        now = self.clock()
+        _, pair = self._pair(lease.origin, lease.exit_id)
+        pair.banned(now, self.tuning.ban_cooldown)
+        return Feedback(
+            [Event(EventKind.PAIR_BANNED, lease.origin, lease.exit_id,
+                   f"banned for {pair.banned_until - now:.0f}s")],
+            [self._held(lease.origin, lease.exit_id, pair, Hold.BAN)])
+
+    def overloaded(self, lease: Lease, retry_after: float | None) -> Feedback:
+        now = self.clock()
+        t = self.tuning
+        out = Feedback()
+        origin_state = self.state.origin(lease.origin)
+        if not origin_state.budget.congestion_is_new(lease.admitted_at):
+            return out
+        learner = origin_state.learner
+        bucket, pause = origin_state.budget.overloaded(
+            now, learner.admitted_rate(now), learner.site_rate(), retry_after,
+            backoff=t.overload_backoff, min_rate=t.min_rate)
+        if retry_after:  # a pause the server stated is the origin's, for every process
+            out.changes.append(OriginHeld(lease.origin, now + retry_after, bucket.tolerance))
+        self._learned(out, lease.origin, [Event(
+            EventKind.ORIGIN_SLOWED, lease.origin, None,
+            f"origin budget {bucket.rate:.3g} r/s, paused {pause:.1f}s")])
+        return out
+
+    def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
+                    timeout: bool = False) -> Feedback:
+        now = self.clock()
+        exit_state = self.pool.states[exit_id]
+        origin = lease.origin if lease is not None else origin
+        out = Feedback()
+        if exit_state.concurrency.fault():
+            out.events.append(Event(EventKind.CONCURRENCY_DECREASE, origin or "", exit_id,
+                                    f"limit {exit_state.concurrency.limit} after a fault"))
+        if timeout and origin is not None:
+            origin_state, pair = self._pair(origin, exit_id)
+            if origin_state.timeouts.origin_stalls(exit_id, now, pair.last_success):
+                out.events.append(Event(
+                    EventKind.ORIGIN_TIMEOUT, origin, exit_id,
+                    "the origin is slow for several exits: not the exit's fault"))
+                return out
+        health = exit_state.health
+        if health.fault(now):
+            out.events.append(Event(EventKind.EVICTED, origin or "", exit_id,
+                                    f"{health.faults} faults: out for "
+                                    f"{health.dead_until - now:.0f}s"))
+            out.changes.append(ExitEvicted(exit_id, health.dead_until))
+        return out
+
+    def exit_ip_seen(self, exit_id: str, ip: str) -> Feedback:
+        old = self.state.aliases.seen(exit_id, ip)
+        if old is None:
+            return Feedback()
+        return Feedback([Event(EventKind.EXIT_IP_CHANGED, "", exit_id,
+                               f"{old or 'unknown'} -> {ip}")])
