@@ -11,9 +11,9 @@ recalled at the next start:
 3. what is recalled is proven: no discovery, no slow start, the site budget in
    place from the first request; probing above a known ceiling resumes as it drifts;
 4. a per-IP rate is remembered as the pace it really was: near a limit each pair
-   spaces its requests wider by the arrival jitter it measured (``PairState.spread``),
-   which a new run's pairs measure anew over their first answers, so the (median)
-   allowance is folded into the rate.
+   spaces its requests wider by (a share of) the arrival jitter it measured, which a
+   new run's pairs measure anew over their first answers, so the (median) allowance,
+   what the pairs' pacing margin holds beyond the safety margin, is folded into the rate.
 
 Only origins crawled in this run are remembered (an origin recalled and never
 used keeps its old time, from wherever it was read). Times in the data are
@@ -64,7 +64,7 @@ def remember(limiter: Limiter, offset: float,
         spreads = []  # the arrival jitter the pool's pairs allow for, when near its limit
         for pair_key, pair in ostate.pairs.items():
             pl = pair.learning
-            allowance = _allowance(limiter, pair, learner.near_limit(pl))
+            allowance = _allowance(limiter, pair)
             if pl.own is None:
                 if limiter.arrival_slack(pair) > 0:  # warm: its spread is measured
                     spreads.append(allowance)
@@ -93,11 +93,10 @@ def _stagger(limiter: Limiter, origin: str, now: float) -> None:
         limiter.pair_state(origin, exit_id).bucket.hold_until(now + interval * i / len(exits))
 
 
-def _allowance(limiter: Limiter, pair: PairState, near_limit: bool) -> float:
-    """What the pair's pacing adds for arrival jitter (as ``Limiter`` does near a limit)."""
-    if not near_limit or not pair.spread:
-        return 0.0
-    return min(pair.spread, 1.5 / pair.bucket.rate)
+def _allowance(limiter: Limiter, pair: PairState) -> float:
+    """What the pair's pacing adds to every interval beyond the safety margin a new pair
+    starts with (near a limit, for the arrival jitter the pair measured)."""
+    return max(pair.bucket.margin - limiter.tuning.margin, 0.0)
 
 
 def recall(limiter: Limiter, origins: Mapping[str, Mapping[str, Any]], *, wall_now: float,
