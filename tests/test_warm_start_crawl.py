@@ -70,14 +70,14 @@ async def test_a_corrupt_state_file_is_a_warning_and_replaced_once_the_crawl_lea
         tmp_path, caplog):
     path = tmp_path / "state.json"
     path.write_text('{"format": "' + FORMAT + '", "version": 1, "origins": {"http://a')
-    lab = Lab(exits=2, origin=OriginConfig(rate=RATE))
+    lab = Lab(exits=EXITS, origin=OriginConfig(rate=RATE))
     await lab.start()
     try:
-        with caplog.at_level(logging.WARNING):
-            crawler = await crawl_on(lab, {"EXITLIMIT_STATE_FILE": str(path)}, 30)
+        with caplog.at_level(logging.WARNING):  # long enough to prove a rate
+            crawler = await crawl_on(lab, {"EXITLIMIT_STATE_FILE": str(path)}, 80)
     finally:
         await lab.stop()
-    assert len(crawler.spider.ok) == 30
+    assert len(crawler.spider.ok) == 80
     assert crawler.stats.get_value("finish_reason") == "finished"
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("EXITLIMIT_STATE_FILE" in w and "not valid JSON" in w for w in warnings), warnings
