@@ -147,7 +147,8 @@ class ExitLimitMiddleware:
                 else f"learned (from {self.config.tuning.start_rate:g} r/s)")
         logger.info("exitlimit: %d exits, pair rate %s, up to %d in flight per exit; state: %s",
                     len(self.exits), rate, limits.concurrency, self.backend.describe())
-        recalled = self.state_file.load(self.limiter) if self.state_file is not None else None
+        recalled = (self.backend.warm_start(self.state_file) if self.state_file is not None
+                    else None)
         self.backend.open()
         if recalled is not None:
             self.stats.set_value("exitlimit/state_origins_loaded", len(recalled.origins))
@@ -201,7 +202,7 @@ class ExitLimitMiddleware:
         self._schedule_watch()
 
     def _save_state(self) -> None:
-        if self.state_file is not None and self.state_file.save(self.limiter):
+        if self.state_file is not None and self.backend.save_state(self.state_file):
             self.stats.inc_value("exitlimit/state_saved")
 
     def _check_stalls(self, now: float) -> None:
