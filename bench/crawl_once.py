@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--redis", default="", help="Redis URL for the exitlimit-redis* strategies")
     ap.add_argument("--concurrent-items", type=int, default=0,
                     help="CONCURRENT_ITEMS (Scrapy starts that many tasks per response)")
+    ap.add_argument("--state-file", default="", help="EXITLIMIT_STATE_FILE (a warm start)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a Scrapy setting over the strategy's (VALUE parsed as JSON when it is)")
     args = ap.parse_args()
@@ -99,6 +100,7 @@ def main() -> None:
         "CLOSESPIDER_TIMEOUT": args.timeout,
         **({"CONCURRENT_ITEMS": args.concurrent_items} if args.concurrent_items else {}),
         **strategy_settings(args.strategy, exits, args.rate, args.redis),
+        **({"EXITLIMIT_STATE_FILE": args.state_file} if args.state_file else {}),
         **dict(_setting(value) for value in args.set),
     }
     process = CrawlerProcess(settings)

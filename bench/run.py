@@ -3,6 +3,7 @@
     python bench/run.py                      # 10 exits x 5 r/s per IP, 500 pages
     python bench/run.py --pages 200 --strategies exitlimit,random-proxy
     python bench/run.py --scenario tighten --repeat 3   # issue 11's kinds of origin
+    python bench/run.py --warm --pages 600 --repeat 3   # cold, then warm (EXITLIMIT_STATE_FILE)
 
 Scenarios: foundation, mixed, site-wide, tighten, loosen, jitter-small, jitter-large,
 broad (30 origins), unlimited, shared, scale, redis-overhead; issue 16's signals:
@@ -24,6 +25,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -191,11 +193,45 @@ def after_change(origins: list[str], at: float) -> tuple[int, int]:
     return seen, limited
 
 
-def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0) -> dict:
+#: --warm: each strategy runs cold (no state), then warm from what the cold run left: its
+#: state file, and (Redis) the same Redis with new crawl processes; and (Redis) once more
+#: with Redis emptied, from the state file alone
+WARM_PHASES = ("cold", "warm")
+REDIS_WARM_PHASES = ("cold", "warm", "warm-file")
+
+
+def phases(name: str, args: argparse.Namespace) -> tuple[str, ...]:
+    if not args.warm:
+        return ("",)
+    return REDIS_WARM_PHASES if "redis" in name else WARM_PHASES
+
+
+def first_seconds(origins: list[str], seconds: float) -> tuple[int, int]:
+    """(clean answers, 429s) the origins gave in their first ``seconds`` (from the first
+    arrival at any of them)."""
+    events = [e for origin in origins for ip_events in lab_call(origin, "/_lab/events").values()
+              for e in ip_events]
+    if not events:
+        return 0, 0
+    start = min(t for t, _ in events)
+    early = [status for t, status in events if t < start + seconds]
+    return early.count(200), early.count(429)
+
+
+def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0,
+                 phase: str = "") -> dict:
     origins = lab.get("origin_urls") or [lab["origin_url"]]
     sc = SCENARIOS[args.scenario]
     for origin in origins:
         lab_call(origin, "/_lab/reset", "POST")
+    state = []
+    if phase:  # a warm-start pair of runs: the state file the cold run leaves
+        path = Path(args.state_dir) / f"{name}.{run}.json"
+        if phase == "cold":
+            path.unlink(missing_ok=True)
+        if phase != "warm" and args.redis_server is not None:
+            args.redis_server.flush()  # cold; or warm-file: Redis restarted empty
+        state = ["--state-file", str(path)]
     pages = args.pages
     if name == "global-delay":  # one global delay crawls at 1/exits of the pool: keep it short
         pages = min(pages, args.global_delay_pages)
@@ -210,7 +246,8 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0) -
          "--exits", ",".join(lab["exit_urls"]), "--rate", str(args.rate),
          "--pages", str(share if i < procs - 1 else pages - share * i),
          "--first", str(share * i), "--timeout", str(args.timeout), "--redis", args.redis,
-         *(["--concurrent-items", str(args.concurrent_items)] if args.concurrent_items else [])],
+         *(["--concurrent-items", str(args.concurrent_items)] if args.concurrent_items else []),
+         *state],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) for i in range(procs)]
     if outage is not None:
@@ -233,11 +270,18 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0) -
         Path(args.events).mkdir(exist_ok=True)
         events = {origin: lab_call(origin, "/_lab/events") for origin in origins}
         # one file per run (``name.K.json``), so a median's own run can be looked at
-        (Path(args.events) / f"{name}.{run}.json").write_text(
+        (Path(args.events) / f"{name}{'.' + phase if phase else ''}.{run}.json").write_text(
             json.dumps(events if len(origins) > 1 else events[origins[0]]))
     responses = totals["arrivals"]
     # lost pages earn nothing
     ideal = ideal_seconds(sc, args, result["ok"]) if sc.capacity else 0.0
+    if phase and sc.capacity:
+        ok_1, limited_1 = first_seconds(origins, 1.0)
+        ok_3, limited_3 = first_seconds(origins, 3.0)
+        capacity = sc.capacity(args, args.rate)
+        result.update(phase=phase, first_second_utilization=ok_1 / capacity,
+                      first_second_429=limited_1, first_3s_utilization=ok_3 / (3 * capacity),
+                      first_3s_429=limited_3)
     if sc.change is not None:
         seen, limited = after_change(origins, sc.change[0])
         result.update(after_change_requests=seen,
@@ -356,6 +400,13 @@ def main() -> None:
                          "again (empty) FOR s later")
     ap.add_argument("--concurrent-items", type=int, default=0, metavar="N",
                     help="CONCURRENT_ITEMS for every crawl (default: Scrapy's, 100)")
+    ap.add_argument("--warm", action="store_true",
+                    help="warm start: each strategy runs cold, then warm from the cold run's "
+                         "state file (Redis: the same Redis, new processes; and Redis emptied, "
+                         "the state file alone); adds the first seconds' figures")
+    ap.add_argument("--state-dir", metavar="DIR", default="",
+                    help="--warm: keep the state files here (NAME.RUN.json; default: a "
+                         "temporary directory)")
     args = ap.parse_args()
     sc = SCENARIOS[args.scenario]
     for name in ("rate", "pages", "origins", "timeout", "exits"):
@@ -371,25 +422,39 @@ def main() -> None:
         redis = RedisServer()
         redis.start()
         args.redis = redis.url
-        args.redis_server = redis
-    runs: dict[str, list[dict]] = {name: [] for name in strategies}
+    args.redis_server = redis
+    rows_of = [(name, phase) for name in strategies for phase in phases(name, args)]
+    runs: dict[str, list[dict]] = {f"{name} {phase}".strip(): [] for name, phase in rows_of}
+    state_dir = (tempfile.TemporaryDirectory(prefix="exitlimit-bench-")
+                 if args.warm and not args.state_dir else None)
+    if state_dir is not None:
+        args.state_dir = state_dir.name
+    elif args.state_dir:
+        Path(args.state_dir).mkdir(parents=True, exist_ok=True)
     try:
         for k in range(args.repeat):  # alternating, so drift on the machine hits all alike
-            for name in strategies:
-                r = run_strategy(name, info, args, k)
+            for name, phase in rows_of:
+                r = run_strategy(name, info, args, k, phase)
                 r["run"] = k
-                runs[name].append(r)
+                row = f"{name} {phase}".strip()
+                r["strategy"] = row
+                runs[row].append(r)
                 util = f", utilization {r['utilization']:.3f}" if sc.capacity else ""
-                print(f"  {name}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s, "
-                      f"429 share {r['share_429']:.2%}{util}", file=sys.stderr)
-                if redis is not None:  # each run learns from scratch
+                print(f"  {row}: {r['ok']}/{r['pages']} pages, {r['wall']:.1f}s, "
+                      f"429 share {r['share_429']:.2%}{util}"
+                      + (f", first second {r['first_second_utilization']:.2f} of capacity, "
+                         f"{r['first_second_429']} 429s" if "first_second_429" in r else ""),
+                      file=sys.stderr)
+                if redis is not None and not args.warm:  # each run learns from scratch
                     redis.flush()
     finally:
+        if state_dir is not None:
+            state_dir.cleanup()
         lab.terminate()
         lab.wait(10)
         if redis is not None:
             redis.stop()
-    rows = [median_row(runs[name]) for name in strategies]
+    rows = [median_row(rows) for rows in runs.values()]
     capacity = sc.capacity
     limit = f"{args.rate:g} r/s per IP (no burst), Retry-After 1" if capacity else "no limit"
     if sc.change:
@@ -401,18 +466,25 @@ def main() -> None:
           + (f" (lab {' '.join(sc.lab_args)})" if sc.lab_args else "")
           + (f"; ideal time includes the origin's {sc.pause:g} s pause" if sc.pause else "")
           + "\n")
-    header = f"{'strategy':<18} {'pages':>6} {'lost':>6} {'429 share':>10} {'req/page':>9} " \
+    width = max(18, *(len(r["strategy"]) for r in rows))
+    header = f"{'strategy':<{width}} {'pages':>6} {'lost':>6} {'429 share':>10} {'req/page':>9} " \
              f"{'wall s':>7} {'pages/s':>8} {'utilization':>12}"
     if sc.change:
         header += f" {'429 after':>10}"
+    if args.warm:
+        header += f" {'1st s util':>10} {'1st s 429':>9} {'3 s util':>8} {'3 s 429':>7}"
     print(header)
     print("-" * len(header))
     for r in rows:
         util = f"{r['utilization']:>12.3f}" if capacity else f"{'-':>12}"
-        line = f"{r['strategy']:<18} {r['pages']:>6} {r['lost']:>6} {r['share_429']:>10.2%} " \
+        line = f"{r['strategy']:<{width}} {r['pages']:>6} {r['lost']:>6} " \
+               f"{r['share_429']:>10.2%} " \
                f"{r['per_page']:>9.2f} {r['wall']:>7.1f} {r['pages_per_s']:>8.1f} {util}"
         if sc.change:
             line += f" {r['share_429_after_change']:>10.2%}"
+        if args.warm and "first_second_429" in r:
+            line += (f" {r['first_second_utilization']:>10.3f} {r['first_second_429']:>9} "
+                     f"{r['first_3s_utilization']:>8.3f} {r['first_3s_429']:>7}")
         print(line)
     if args.scenario in ("scale", "redis-scale"):
         base = rows[0]

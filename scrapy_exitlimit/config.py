@@ -284,6 +284,9 @@ _GLUE = {
     "cooldown_default": ("EXITLIMIT_COOLDOWN_DEFAULT", False, 0, False, 2.0),
     "cooldown_max": ("EXITLIMIT_COOLDOWN_MAX", False, 0, True, 600.0),
     "stall_timeout": ("EXITLIMIT_STALL_TIMEOUT", False, 0, True, 120.0),
+    # warm start (state_file.py): 0 = written at close only; a day
+    "state_save_interval": ("EXITLIMIT_STATE_SAVE_INTERVAL", False, 0, False, 300.0),
+    "state_max_age": ("EXITLIMIT_STATE_MAX_AGE", False, 0, True, 86400.0),
 }
 
 
@@ -308,6 +311,8 @@ class ExitLimitConfig:
     cooldown_default: float
     cooldown_max: float
     stall_timeout: float
+    state_save_interval: float
+    state_max_age: float
     stats_per_exit: bool
     debug: bool
     lease_timeout: float
@@ -318,6 +323,8 @@ class ExitLimitConfig:
     #: EXITLIMIT_SCOPES: configured rates of named scopes (``meta['exitlimit_scope']``)
     scopes: ScopeRules = field(default_factory=ScopeRules)
     stats_per_scope: bool = False
+    #: where what was learned is kept between runs (None: nowhere but a shared backend)
+    state_file: str | None = None
 
     @property
     def rate_given(self) -> bool:
@@ -376,9 +383,11 @@ class ExitLimitConfig:
         if header is not None and (not isinstance(header, str) or not header.strip()
                                    or any(c in header for c in " :\r\n")):
             raise ValueError(f"EXITLIMIT_EXIT_IP_HEADER ({header!r}) must be a header name")
+        state_file = settings.get("EXITLIMIT_STATE_FILE") or None
         config = cls(
             scopes=read_scopes(settings),
             stats_per_scope=read_bool(settings, "EXITLIMIT_STATS_PER_SCOPE", False),
+            state_file=None if state_file is None else os.fspath(state_file),
             exit_ip_header=header,
             backend=backend,
             exits=exits,
@@ -449,6 +458,7 @@ SETTINGS = (
     "EXITLIMIT_PROMETHEUS_ADDR", "EXITLIMIT_SCOPES", "EXITLIMIT_STATS_PER_SCOPE",
     "EXITLIMIT_BACKEND", "EXITLIMIT_REDIS_URL",
     "EXITLIMIT_REDIS_PREFIX", "EXITLIMIT_REDIS_TIMEOUT", "EXITLIMIT_REDIS_ON_ERROR",
+    "EXITLIMIT_STATE_FILE",
 )
 
 #: short names EXITLIMIT_BACKEND takes besides a class path (backends.ALIASES)
@@ -491,7 +501,9 @@ def check_other_settings(settings: Any) -> None:
         if number > 65535:
             raise ValueError(f"EXITLIMIT_PROMETHEUS_PORT ({_short(port)}) must be a port "
                              "number (0-65535)")
-    telemetry = settings.get("EXITLIMIT_TELEMETRY")
-    if telemetry not in (None, "") and not isinstance(telemetry, (str, os.PathLike)):
-        raise ValueError(f"EXITLIMIT_TELEMETRY must be a file path, got "
-                         f"{type(telemetry).__name__}")
+    for name in ("EXITLIMIT_TELEMETRY", "EXITLIMIT_STATE_FILE"):
+        path = settings.get(name)
+        if path not in (None, "") and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"{name} must be a file path, got {type(path).__name__}")
+        if isinstance(path, str) and "\0" in path:
+            raise ValueError(f"{name} ({_short(path)}) must be a file path (it holds a NUL)")

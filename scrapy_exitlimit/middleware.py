@@ -28,6 +28,7 @@ from .policy import ResponsePolicy, Signal
 from .progress import Snapshot
 from .prometheus import PrometheusMetrics
 from .sessions import StickySessions
+from .state_file import StateFile
 from .telemetry import Telemetry
 from .wiring import check_wiring
 
@@ -118,6 +119,10 @@ class ExitLimitMiddleware:
         metrics = PrometheusMetrics.from_settings(crawler.settings)
         #: where admissions, answers and adjustments are recorded (telemetry, metrics)
         self.sinks: list[Any] = [sink for sink in (telemetry, metrics) if sink is not None]
+        #: what was learned, kept between runs (EXITLIMIT_STATE_FILE)
+        self.state_file = (StateFile(config.state_file, save_interval=config.state_save_interval,
+                                     max_age=config.state_max_age)
+                           if config.state_file is not None else None)
         crawler.exitlimit = self  # type: ignore[attr-defined]  # the progress line reads it
         self._watch: Any = None
         self._cache: HttpCacheMiddleware | None = None
@@ -142,7 +147,13 @@ class ExitLimitMiddleware:
                 else f"learned (from {self.config.tuning.start_rate:g} r/s)")
         logger.info("exitlimit: %d exits, pair rate %s, up to %d in flight per exit; state: %s",
                     len(self.exits), rate, limits.concurrency, self.backend.describe())
+        recalled = (self.backend.warm_start(self.state_file) if self.state_file is not None
+                    else None)
         self.backend.open()
+        if recalled is not None:
+            self.stats.set_value("exitlimit/state_origins_loaded", len(recalled.origins))
+            self.stats.set_value("exitlimit/state_pairs_loaded", recalled.pairs)
+            self.backend.recalled(recalled.origins)
         middlewares = self.crawler.engine.downloader.middleware.middlewares
         self._cache = next((m for m in middlewares if isinstance(m, HttpCacheMiddleware)), None)
         self._schedule_watch()
@@ -154,6 +165,7 @@ class ExitLimitMiddleware:
             self._watch = None
         for name, value in self.backend.stats().items():
             self.stats.set_value(f"exitlimit/{name}", value)
+        self._save_state()
         for sink in self.sinks:
             sink.close()
         closing = self.backend.close()
@@ -185,7 +197,13 @@ class ExitLimitMiddleware:
             self.queue.wake()
         if self._check_pool(now):
             return
+        if self.state_file is not None and self.state_file.due():
+            self._save_state()
         self._schedule_watch()
+
+    def _save_state(self) -> None:
+        if self.state_file is not None and self.backend.save_state(self.state_file):
+            self.stats.inc_value("exitlimit/state_saved")
 
     def _check_stalls(self, now: float) -> None:
         timeout = self.config.stall_timeout

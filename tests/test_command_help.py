@@ -13,7 +13,7 @@ import pytest
 from scrapy.commands import ScrapyHelpFormatter
 from scrapy.settings import Settings
 
-from scrapy_exitlimit.commands import probe, report
+from scrapy_exitlimit.commands import probe, report, state
 
 HEADINGS = {"Usage", "Options", "Global Options"}
 
@@ -35,7 +35,8 @@ def headings(text: str) -> list[str]:
             if under and set(under) <= {"=", "-"} and len(under) == len(line)]
 
 
-@pytest.mark.parametrize("command", [probe.Command, report.Command], ids=["probe", "report"])
+@pytest.mark.parametrize("command", [probe.Command, report.Command, state.Command],
+                         ids=["probe", "report", "state"])
 # below 50 columns Scrapy's own "-L" help breaks the same way ("(default: DEBUG)")
 @pytest.mark.parametrize("width", [*range(50, 121), 200])
 def test_help_has_only_its_own_headings(command, width):

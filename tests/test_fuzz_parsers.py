@@ -454,6 +454,8 @@ OTHER_VALUES = {
     # not a path: a fuzzed string would create files; types only
     "EXITLIMIT_TELEMETRY": st.one_of(st.none(), st.integers(), st.lists(st.integers(),
                                                                         max_size=1)),
+    "EXITLIMIT_STATE_FILE": st.one_of(st.none(), st.integers(), st.booleans(), st.just("a\0b"),
+                                      st.lists(st.integers(), max_size=1)),
 }
 STRUCTURED = {"EXITLIMIT_EXITS", "EXITLIMIT_SESSIONS", "EXITLIMIT_EXIT_SETTINGS",
               "EXITLIMIT_ORIGIN_SETTINGS"}  # fuzzed above, with their own strategies

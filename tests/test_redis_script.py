@@ -172,6 +172,16 @@ def test_learned_state_is_compare_and_set(script):
     assert version == "1"
 
 
+def test_learned_state_is_kept_as_long_as_asked_from_its_last_write_or_use(script, client):
+    script(keys=[LEARN], args=["learn_put", "0", "first"])
+    assert 86000 < client.ttl(LEARN) <= 86400  # a day when not told
+    script(keys=[LEARN], args=["learn_put", "1", "second", 600])  # EXITLIMIT_STATE_MAX_AGE
+    assert 590 < client.ttl(LEARN) <= 600
+    other = f"{P}:learn:other"
+    assert script(keys=[LEARN, other], args=["learn_touch", 7200]) == 1  # only what exists
+    assert 7190 < client.ttl(LEARN) <= 7200 and not client.exists(other)
+
+
 def test_renew_extends_leases_and_counts_live_processes(script, client):
     now, *_ = admit(script, ["a"], ttl=1.0)
     reply = script(keys=[f"{P}:procs", lease("a")], args=["renew", "p1", 15.0, "proc:1"])

@@ -1,5 +1,5 @@
 """Must-show: proxy credentials appear in no log record (DEBUG, every logger), no stat, no
-telemetry line and no report."""
+telemetry line, no report and no state file (EXITLIMIT_STATE_FILE)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ async def test_credentials_are_in_no_log_record_no_stat_no_telemetry(scenario, t
     await lab.start()
     settings, forms = exit_settings(lab)
     telemetry = tmp_path / "telemetry.jsonl"
-    settings.update({"EXITLIMIT_TELEMETRY": str(telemetry),
+    state = tmp_path / "state.json"
+    settings.update({"EXITLIMIT_TELEMETRY": str(telemetry), "EXITLIMIT_STATE_FILE": str(state),
                      "LOG_LEVEL": "DEBUG", "EXITLIMIT_DEBUG": True, "EXITLIMIT_RATE": 10,
                      "EXITLIMIT_STATS_PER_EXIT": True, "EXITLIMIT_MAX_RETRIES": 20,
                      # a 429 costs a pair 0.2 s, not the origin's Retry-After: 1
@@ -87,7 +88,8 @@ async def test_credentials_are_in_no_log_record_no_stat_no_telemetry(scenario, t
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     try:
-        crawler = await crawl(settings, lab.origin_url, PAGES)
+        origin = lab.origin_url
+        crawler = await crawl(settings, origin, PAGES)
     finally:
         root.removeHandler(handler)
         root.setLevel(old_level)
@@ -106,10 +108,24 @@ async def test_credentials_are_in_no_log_record_no_stat_no_telemetry(scenario, t
     assert '"ev":"admit"' in recorded and '"ev":"response"' in recorded
     report = summarize_file(telemetry)
     assert "exit" in report
+    # what was learned, kept for the next run (warm start): written when there is any
+    kept = state.read_text() if state.exists() else ""
+    shown = show_state(state) if kept else ""
+    if scenario == "credentials":  # pairs that learned their own rate, by exit id
+        assert origin in kept and '"pairs": {}' not in kept and "~" in kept and "~" in shown
     leaks = [(where, i) for i, form in enumerate(forms)
              for where, text in (("log", logged), ("stats", dumped), ("telemetry", recorded),
-                                 ("report", report)) if form in text]
+                                 ("report", report), ("state file", kept),
+                                 ("exitlimit-state", shown)) if form in text]
     assert not leaks, f"credential forms (by index) found: {leaks}"
+
+
+def show_state(path) -> str:
+    import time
+
+    from scrapy_exitlimit.state_file import show
+
+    return show(path, now=time.time(), max_age=86400.0)
 
 
 def summarize_file(path) -> str:

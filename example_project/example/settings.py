@@ -20,6 +20,11 @@ EXITLIMIT_EXITS = os.environ.get("EXITLIMIT_EXITS", "exits.txt")
 EXITLIMIT_RATE = 5
 EXITLIMIT_CONCURRENCY = 8
 
+# With the rate learned, keep what was learned for the next run, which then starts at the
+# learned rates instead of learning them again (`scrapy exitlimit-state` shows the file;
+# entries older than EXITLIMIT_STATE_MAX_AGE, a day, are ignored).
+# EXITLIMIT_STATE_FILE = "exitlimit-state.json"
+
 # Distributed mode: with EXITLIMIT_REDIS_URL in the environment, any number of
 # `scrapy crawl lab_distributed` processes share one request queue and one seen-set
 # (scrapy-redis) and one set of exit limits (scrapy_exitlimit's Redis backend), so together

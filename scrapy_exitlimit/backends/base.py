@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
     from ..config import ExitLimitConfig
+    from ..core.warm import Recalled
+    from ..state_file import StateFile
 
 
 class Admission(NamedTuple):
@@ -86,6 +88,19 @@ class Backend:
     def close(self) -> Deferred | None:
         """The crawl ended: stop background work."""
         return None
+
+    def warm_start(self, state_file: StateFile) -> Recalled | None:
+        """Start from what an earlier run learned (EXITLIMIT_STATE_FILE), before ``open``;
+        ``recalled`` follows, after it."""
+        return state_file.load(self.limiter)
+
+    def recalled(self, origins: list[str]) -> None:
+        """These origins start from what an earlier run learned (``warm_start``); a shared
+        backend shares it."""
+
+    def save_state(self, state_file: StateFile) -> bool:
+        """Write what was learned to EXITLIMIT_STATE_FILE; True when written."""
+        return state_file.save(self.limiter)
 
     def describe(self) -> str:
         return "memory"

@@ -11,10 +11,11 @@
 --   origin hash per origin: tat (budget GCRA), hold (503 pause end)
 --   scope hash  per named scope (an account, an API key; every exit and origin):
 --               tat (budget GCRA)
---   learn hash  per origin: v (version), blob (what the pool learned, JSON)
+--   learn hash  per origin: v (version), blob (what the pool learned, JSON); kept
+--               EXITLIMIT_STATE_MAX_AGE after it was last written or used
 --   procs zset  process id -> heartbeat expiry
 local IDLE = 3600      -- pair/exit/origin state idle this long is forgotten
-local LEARN_IDLE = 86400
+local LEARN_IDLE = 86400  -- what was learned: EXITLIMIT_STATE_MAX_AGE, when given
 local NEG = -1e18
 
 local t = redis.call('TIME')
@@ -342,7 +343,7 @@ elseif op == 'learn_get' then
   return {f[1] or '0', f[2] or ''}
 
 elseif op == 'learn_put' then
-  -- KEYS: learn   ARGV: op, the version this update was made from, blob
+  -- KEYS: learn   ARGV: op, the version this update was made from, blob, [seconds kept]
   -- compare-and-set: an update made from stale knowledge loses and gets the current state
   local f = redis.call('HMGET', KEYS[1], 'v', 'blob')
   local v = f[1] or '0'
@@ -351,8 +352,17 @@ elseif op == 'learn_put' then
   end
   local nv = redis.call('HINCRBY', KEYS[1], 'v', 1)
   redis.call('HSET', KEYS[1], 'blob', ARGV[3])
-  redis.call('EXPIRE', KEYS[1], LEARN_IDLE)
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]) or LEARN_IDLE)
   return {1, tostring(nv), ''}
+
+elseif op == 'learn_touch' then
+  -- KEYS: learn keys of origins just used   ARGV: op, seconds kept
+  -- what was learned is kept that long after it was last used, not only after it changed
+  local kept = 0
+  for i = 1, #KEYS do
+    kept = kept + redis.call('EXPIRE', KEYS[i], tonumber(ARGV[2]) or LEARN_IDLE)
+  end
+  return kept
 
 elseif op == 'time' then
   return f6(now)

@@ -13,7 +13,9 @@ a killed process frees its places within ``LEASE_TTL``), the origin budget,
 and what the pool learned per origin (a versioned blob, updated by
 compare-and-set: an update made from stale knowledge loses and the current
 state is adopted, so one congestion event lowers the rate once across all
-processes).
+processes). The blob outlives the processes (EXITLIMIT_STATE_MAX_AGE after its
+last write or use): processes started later begin from it (warm start), and an
+EXITLIMIT_STATE_FILE seeds a Redis that has nothing for an origin.
 
 When Redis goes away mid-crawl the crawl goes on, by default on local state:
 the processes the heartbeat last showed split the exits between them by
@@ -48,6 +50,8 @@ from ..core.changes import ExitEvicted, Feedback, Hold, OriginHeld, PairHeld
 from ..core.limiter import INDEX_ABOVE
 from ..core.partition import share
 from ..core.scopes import Scope
+from ..core.warm import recall, remember
+from ..state_file import StateFileError, parse_origins
 from .base import Admission, Backend
 from .channel import ScriptChannel, open_channel
 
@@ -111,6 +115,8 @@ LEARN_CHECK = 0.05
 LEARN_CHECK_PAIRS = 200
 #: the script's pair field for each kind of hold
 HOLD_FIELDS = {Hold.COOLDOWN: "cool", Hold.BAN: "ban"}
+#: how often the learned state of the origins in use is kept alive in Redis (seconds)
+LEARN_TOUCH = 60.0
 ON_ERROR = ("local", "pause")
 #: scrapy-redis settings -> redis-py arguments
 _SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
@@ -188,6 +194,8 @@ class RedisBackend(Backend):
         self._keys: dict[Any, tuple[str, ...]] = {}
         self._learn_seen: dict[str, str] = {}  # origin -> version this process knows
         self._marks: dict[str, tuple] = {}  # origin -> learning_mark at the last sync
+        #: origins started warm whose stagger is not in the shared schedules yet
+        self._stagger_due: set[str] = set()
         self._mark_checked: dict[str, float] = {}  # origin -> when it was last looked at
         self._publishing: set[str] = set()
         self._shared_leases: set[int] = set()
@@ -208,6 +216,10 @@ class RedisBackend(Backend):
         #: large pools: origin -> the exits used last (most recent last) and their candidacy
         self._warm: dict[str, dict[str, Candidate]] = {}
         self._planned: dict[str, float] = {}  # origin -> when it was last planned
+        #: what was learned is kept this long after it was last written or used
+        #: (EXITLIMIT_STATE_MAX_AGE): the next run starts from it
+        self.learn_ttl = max(1, math.ceil(config.state_max_age))
+        self._touched = -math.inf  # when the learned state of used origins was last kept
         self.round_trips = 0
         self.calls: dict[str, int] = {}  # script calls by operation
         self.empty_admissions = 0  # admission calls that granted nothing
@@ -330,8 +342,11 @@ class RedisBackend(Backend):
         return Deferred.fromFuture(asyncio.ensure_future(self._release_all(client)))
 
     async def _release_all(self, client: aioredis.Redis) -> None:
-        """Leases still held at close go back now, not when they expire."""
+        """Leases still held at close go back now, not when they expire; what was learned
+        for the origins used is kept EXITLIMIT_STATE_MAX_AGE from now."""
         try:
+            if self.shared:
+                await self._last_word(self._script)
             if self.shared:  # one call (the keys share a slot: a Cluster takes it too)
                 keys, args = self._take_releases()
                 for lease_id in list(self._shared_leases):
@@ -346,6 +361,57 @@ class RedisBackend(Backend):
             logger.debug("exitlimit: could not hand leases back to Redis at close: %s", exc)
         finally:
             await client.aclose()
+
+    async def _last_word(self, script: Any) -> None:
+        """At close, what this process learned goes in once more (compare-and-set: a
+        newer update by another process stands): its warm copy then carries the arrival
+        jitter its pairs measured by the end, for processes started later; and what was
+        learned for the origins used is kept EXITLIMIT_STATE_MAX_AGE from now."""
+        used = [o for o, at in self._planned.items() if at > -math.inf]
+        for origin in used:
+            if origin in self.limiter.origins and origin in self._learn_seen:
+                await script(keys=[self._key("learn", origin)],
+                             args=["learn_put", self._learn_seen[origin],
+                                   json.dumps(self._learning_blob(origin)), self.learn_ttl])
+        if used:
+            await script(keys=[self._origin_keys(o)[1] for o in used],
+                         args=["learn_touch", self.learn_ttl])
+
+    def _learning_blob(self, origin: str) -> dict[str, Any]:
+        """What is published for the origin: what this process learned (times on the
+        Redis clock), and a copy as a state file keeps it (core/warm.py), which a process
+        started later begins from."""
+        data = self.limiter.export_learning(origin)
+        warm = remember(self.limiter, time.time() - self.clock(), [origin]).get(origin)
+        if warm is not None:
+            data["warm"] = warm
+        return data
+
+    def _used_since(self, since: float) -> list[str]:
+        """Learn keys of the origins this process admitted for since ``since``."""
+        return [self._origin_keys(origin)[1] for origin, at in self._planned.items()
+                if at > since]
+
+    def _keep_learned(self) -> None:
+        """Every LEARN_TOUCH: what was learned for the origins in use stays while they are
+        (a converged pool may go long without a change that writes it)."""
+        now = self.clock()
+        if now - self._touched < LEARN_TOUCH or not self.shared:
+            return
+        used = self._used_since(self._touched)
+        self._touched = now
+        if used:
+            self._spawn(self._shared_op(used, ["learn_touch", self.learn_ttl]))
+
+    def recalled(self, origins: list[str]) -> None:
+        """What EXITLIMIT_STATE_FILE held goes into Redis where Redis has nothing for the
+        origin (compare-and-set from version 0: a Redis that has it keeps its own, and
+        this process adopts that)."""
+        for origin in origins:
+            self._learn_seen[origin] = "0"
+            self._marks.pop(origin, None)
+            self._stagger_due.add(origin)
+            self._sync_learning(origin, urgent=True)
 
     def _token(self, lease_id: int) -> str:
         return f"{self.process_id}:{lease_id}"
@@ -514,6 +580,7 @@ class RedisBackend(Backend):
                 if reply is not None:
                     self._saw_members(reply)
                     self._check_handover(float(reply[0]))
+                self._keep_learned()
             self._drop_late_held()
             await asyncio.sleep(HEARTBEAT)
 
@@ -553,6 +620,12 @@ class RedisBackend(Backend):
             self._learn_seen.pop(origin, None)
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
+        if origin not in self._learn_seen:  # first met: start from what Redis holds
+            await self._pull_learning(origin, "")
+            if not self.shared:
+                return self._admit_locally(origin, want, pinned, scopes)
+        if origin in self._stagger_due:
+            await self._stagger(origin)
         if pinned is None and not scopes and origin in self._held:
             return self._from_held(origin, now)
         # the best few first (what this process knows of their load; in a large pool the
@@ -766,6 +839,8 @@ class RedisBackend(Backend):
         except (redis.RedisError, OSError) as exc:
             self._lost(exc)
             return
+        if str(got_version) != "0" and str(got_version) == self._learn_seen.get(origin):
+            return  # adopted already (two pulls at once), or this process's own
         self._adopt(origin, str(got_version), blob)
 
     def _adopt(self, origin: str, version: str, blob: str) -> None:
@@ -773,8 +848,45 @@ class RedisBackend(Backend):
         if not blob:  # nothing there (a restarted Redis): what this process knows goes in
             self._marks.pop(origin, None)
             return
-        self.limiter.import_learning(origin, json.loads(blob))
+        data = json.loads(blob)
+        if not self._warm_start(origin, data):
+            self.limiter.import_learning(origin, data)
         self._marks[origin] = self.limiter.learning_mark(origin)
+
+    async def _stagger(self, origin: str) -> None:
+        """A warm start's stagger (core/warm.py) into the shared pair schedules, before
+        the first admission: held until each pair's first turn (the later deadline wins,
+        so processes starting together do not undo each other's)."""
+        self._stagger_due.discard(origin)
+        now, ops = self.clock(), []
+        ostate = self.limiter.origins.get(origin)
+        for exit_id, pair in (ostate.pairs.items() if ostate is not None else ()):
+            ready = pair.bucket.ready_at(now)
+            if ready > now and exit_id in self.limiter.exits:
+                ops.append(self._shared_op([self._key("pair", origin, exit_id)],
+                                           ["hold", "cool", repr(ready - now),
+                                            repr(pair.bucket.tolerance)]))
+        await asyncio.gather(*ops)
+
+    def _warm_start(self, origin: str, data: dict[str, Any]) -> bool:
+        """A process new to the origin (none of its pairs has answered enough to know its
+        arrival jitter) starts from the blob's ``warm`` copy, as from a state file: the
+        pace that ran clean, with the jitter allowance of the pairs that learned it
+        folded in (its own pairs do not allow for any yet; core/warm.py)."""
+        warm = data.get("warm")
+        ostate = self.limiter.origins.get(origin)
+        if warm is None or ostate is not None and any(
+                self.limiter.arrival_slack(pair) > 0 for pair in ostate.pairs.values()):
+            return False
+        try:
+            got = recall(self.limiter, parse_origins({origin: warm}), wall_now=time.time(),
+                         max_age=self.config.state_max_age)
+        except StateFileError as exc:
+            logger.warning("exitlimit: what Redis holds for %s cannot be used: %s", origin, exc)
+            return False
+        if got.origins:
+            self._stagger_due.add(origin)
+        return bool(got.origins)
 
     def _sync_learning(self, origin: str, urgent: bool = False) -> None:
         """Publish what this process learned since it last synced (one update in flight)."""
@@ -794,10 +906,10 @@ class RedisBackend(Backend):
 
     async def _publish(self, origin: str, mark: tuple) -> None:
         try:
-            blob = json.dumps(self.limiter.export_learning(origin))
+            blob = json.dumps(self._learning_blob(origin))
             base = self._learn_seen.get(origin, "0")
             reply = await self._shared_op([self._key("learn", origin)],
-                                          ["learn_put", base, blob])
+                                          ["learn_put", base, blob, self.learn_ttl])
             if reply is None:
                 return
             ok, version, current = int(reply[0]), str(reply[1]), reply[2]

@@ -590,6 +590,43 @@ class OriginLearner(SharedRateLearner):
         rate = data.get("suspect_rate")
         self.suspect_rate = math.inf if rate is None else rate
 
+    # -- across runs (warm start) ------------------------------------------------
+    def remembered(self, allowance: float = 0.0) -> dict[str, Any] | None:
+        """What the origin's answers taught, for a later run: the pool's per-IP rate once
+        proven, the site's once found (None: nothing yet). ``allowance``: the arrival
+        jitter the pool's pairs allowed for on top of their rate (a new run's pairs start
+        without it, so it is folded into the rate)."""
+        pool = self.pool.remembered(allowance) if self.pool.proven else None
+        site = None if self.site is None else self.site.remembered()
+        if pool is None and site is None:
+            return None
+        return {"pool": pool, "site": site}
+
+    def recall(self, data: Mapping[str, Any], now: float) -> None:
+        """Start from what an earlier run remembered: no discovery, the site budget in
+        place from the first request."""
+        if data.get("pool"):
+            self.pool.recall(data["pool"], now)
+        if data.get("site"):
+            top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
+            self.site = RateEstimate(top, floor=self.min_rate, ceiling=top)
+            self.site.recall(data["site"], now)
+
+    @staticmethod
+    def remembered_pair(pl: PairLearning, allowance: float = 0.0) -> dict[str, Any] | None:
+        """A pair's own limit, when it learned one (a stated quota is stated again)."""
+        own = pl.own
+        if own is None or not own.proven or pl.announced is not None or (
+                own.hi is None and own.lo >= own.ceiling):
+            return None
+        return own.remembered(allowance)
+
+    def recall_pair(self, pl: PairLearning, data: Mapping[str, Any], now: float) -> None:
+        if pl.own is None:  # (a configured pair keeps its own estimate: its ceiling)
+            pl.own = RateEstimate(float(data["clean"]), floor=self.min_rate,
+                                  ceiling=self.pool.ceiling)
+        pl.own.recall(data, now)
+
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "proven", "seen",
                     "drift_rate", "climbs", "settled")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 #: slow start multiplies the rate by this on every confirmation until the first 429
 GROWTH = 2.0
@@ -53,6 +55,10 @@ class RateEstimate:
     climbs: int = 0
     #: converged since the last change: a 429 now comes from a re-probe
     settled: bool = False
+    #: (lo, seen, the data) as recalled from an earlier run: what this run did not
+    #: learn anew is remembered as it was
+    recalled: tuple[float, float | None, dict[str, Any]] | None = field(
+        default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.lo = min(max(self.lo, self.floor), self.ceiling)
@@ -116,6 +122,43 @@ class RateEstimate:
         """Forget the ceiling slowly while clean."""
         if self.hi is not None and seconds > 0:
             self.hi *= 1 + self.drift_rate * seconds
+
+    # -- across runs (warm start) ----------------------------------------------
+    def remembered(self, allowance: float = 0.0) -> dict[str, Any]:
+        """What a later run may start from: the clean rate, the ceiling, how settled.
+        ``allowance``: seconds the pacing added to every 1/rate interval on top of what
+        a later run starts with (rates are remembered as the pace they really were)."""
+        def pace(rate: float | None) -> float | None:
+            return None if rate is None else 1.0 / (1.0 / rate + allowance)
+        out = {"clean": pace(self.lo), "ceiling": pace(self.hi), "seen": pace(self.seen),
+               "settled": self.settled, "drift": self.drift_rate}
+        if self.recalled is not None:  # a recalled pace is a pace already
+            lo, seen, data = self.recalled
+            if self.lo == lo:
+                out["clean"] = data["clean"]
+            if self.seen == seen and seen is not None:
+                out["seen"] = data["seen"]
+        return out
+
+    def recall(self, data: Mapping[str, Any], now: float) -> None:
+        """Start from what an earlier run learned (``remembered()``): its clean rate is
+        proven, so there is no discovery, within this run's floor and ceiling; its ceiling
+        is where the last 429 found it, without the drift of the earlier run or of the
+        time between runs (probing above it resumes as it drifts from now on)."""
+        self.lo = min(max(float(data["clean"]), self.floor), self.ceiling)
+        hi, seen = data.get("ceiling"), data.get("seen")
+        self.seen = None if seen is None else float(seen)
+        if hi is not None and self.seen is not None:
+            hi = min(hi, self.seen)
+        self.hi = None if hi is None else max(float(hi), self.lo)
+        drift = data.get("drift")
+        self.drift_rate = CEILING_DRIFT if drift is None else \
+            min(max(float(drift), CEILING_DRIFT_MIN), CEILING_DRIFT)
+        self.proven = True
+        self.climbs = 0
+        self.changed_at = now
+        self.settled = bool(data.get("settled")) and self.converged
+        self.recalled = (self.lo, self.seen, dict(data))
 
 
 def backoff(streak: int) -> float:

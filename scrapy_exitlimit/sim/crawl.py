@@ -18,8 +18,10 @@ import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..core import Lease, Limiter, Limits, Tuning, bounded_cooldown, make_exit
+from ..core.warm import recall, remember
 from .origins import OriginModel
 
 #: the middleware's defaults (EXITLIMIT_COOLDOWN_MIN / _DEFAULT / _MAX)
@@ -56,6 +58,8 @@ class Crawl:
     seed: int = 1
     #: exit index of the first request's exit, to choose who scouts first
     first_exit: int = 0
+    #: a warm start: what an earlier run learned (``Result.learned``), recalled first
+    learned: dict[str, Any] | None = None
 
 
 @dataclass
@@ -67,6 +71,8 @@ class Result:
     wall: float = 0.0
     #: per origin: (time, status) of every answer, for plots and per-phase shares
     answers: list[tuple[float, str, int]] = field(default_factory=list)
+    #: what the limiter learned, as a later run's ``Crawl.learned`` (times: the sim's)
+    learned: dict[str, Any] = field(default_factory=dict)
 
     @property
     def share_429(self) -> float:
@@ -112,6 +118,8 @@ class _Sim:
         heapq.heappush(self.events, (when, next(self.seq), kind, data))
 
     def run(self) -> Result:
+        if self.crawl.learned:
+            recall(self.limiter, self.crawl.learned, wall_now=0.0, max_age=math.inf)
         self.feed()
         while self.events and self.result.ok < self.total:
             when, _, kind, data = heapq.heappop(self.events)
@@ -121,6 +129,7 @@ class _Sim:
             getattr(self, "on_" + kind)(data)
         self.result.lost = self.total - self.result.ok
         self.result.wall = self.last_outcome
+        self.result.learned = remember(self.limiter, offset=0.0)
         return self.result
 
     # -- the downloader: slots, parking, admission ------------------------------
