@@ -98,13 +98,6 @@ class Addon:
     @staticmethod
     def _install_handler(settings: BaseSettings) -> None:
         """Our HTTP/1.1 handler for http and https, unless you chose one for the scheme."""
-        try:
-            from . import handlers  # noqa: F401 - needs Scrapy's HTTP/1.1 handler internals
-        except ImportError as exc:
-            logger.warning("scrapy_exitlimit: cannot install %s (%s): exits that differ only "
-                           "in credentials may share connections, and no last-moment check "
-                           "that each request leaves through its exit", DOWNLOAD_HANDLER, exc)
-            return
         own = settings.getdict("DOWNLOAD_HANDLERS")
         chosen = {s: DOWNLOAD_HANDLER for s in ("http", "https") if s not in own}
         if chosen:  # at the priority of your own entries, which stay as they are

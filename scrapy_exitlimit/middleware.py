@@ -8,7 +8,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request, exceptions, signals
+from scrapy import Request, signals
 from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
@@ -17,6 +17,13 @@ from scrapy.utils.misc import load_object
 from twisted.internet.error import TCPTimedOutError
 from twisted.internet.error import TimeoutError as TwistedTimeoutError
 
+from ._compat import (
+    close_spider,
+    download_exceptions,
+    engine_closing,
+    served_from_cache,
+    set_slot_settings,
+)
 from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Repin, Waiter, call_later
 from .backends import load_backend
 from .config import ExitLimitConfig
@@ -57,9 +64,8 @@ SIGNAL_STATS = {
 }
 CLOSE_REASON_NO_EXITS = "exitlimit_no_exits"
 #: timeouts, which the origin may cause as well as the exit
-TIMEOUTS: tuple[type[BaseException], ...] = tuple(
-    t for t in (getattr(exceptions, "DownloadTimeoutError", None), TwistedTimeoutError,
-                TCPTimedOutError) if t is not None)
+TIMEOUTS: tuple[type[BaseException], ...] = (
+    *download_exceptions("DownloadTimeoutError"), TwistedTimeoutError, TCPTimedOutError)
 
 
 def exit_ip(value: bytes | None) -> str | None:
@@ -143,8 +149,7 @@ class ExitLimitMiddleware:
         logger.info("exitlimit: %d exits, pair rate %s, up to %d in flight per exit; state: %s",
                     len(self.exits), rate, limits.concurrency, self.backend.describe())
         self.backend.open()
-        middlewares = self.crawler.engine.downloader.middleware.middlewares
-        self._cache = next((m for m in middlewares if isinstance(m, HttpCacheMiddleware)), None)
+        self._cache = self.crawler.get_downloader_middleware(HttpCacheMiddleware)
         self._schedule_watch()
 
     async def _spider_closed(self, spider: Any = None, reason: str = "") -> None:
@@ -167,9 +172,7 @@ class ExitLimitMiddleware:
         """Periodic: notice the engine closing (no signal fires before it waits for
         us), fail requests no exit can serve, reclaim leaked leases."""
         self._watch = None
-        engine = self.crawler.engine
-        slot = getattr(engine, "_slot", None)
-        if engine is None or not engine.running or slot is None or slot.closing is not None:
+        if engine_closing(self.crawler):
             self._close_queue("engine closing")
             return
         now = self.limiter.clock()
@@ -226,12 +229,7 @@ class ExitLimitMiddleware:
         return True
 
     async def _close_spider(self) -> None:
-        engine = self.crawler.engine
-        if hasattr(engine, "close_spider_async"):
-            await engine.close_spider_async(reason=CLOSE_REASON_NO_EXITS)
-        else:  # pragma: no cover - Scrapy < 2.14
-            await maybe_deferred_to_future(
-                engine.close_spider(self.crawler.spider, CLOSE_REASON_NO_EXITS))
+        await close_spider(self.crawler, CLOSE_REASON_NO_EXITS)
 
     def _close_queue(self, why: str) -> None:
         if self.queue.closed:
@@ -274,7 +272,7 @@ class ExitLimitMiddleware:
         ):
             return None
         self._release(request)  # a retried copy may still carry its old lease
-        if self._cache is not None and self._served_from_cache(request):
+        if self._cache is not None and served_from_cache(self._cache, request, self.crawler):
             self.stats.inc_value("exitlimit/cache_hit")
             return None
         origin = origin_of(request)
@@ -308,37 +306,10 @@ class ExitLimitMiddleware:
         self.stats.max_value("exitlimit/parked_max", self.queue.parked)
         return await got  # a future on asyncio, a Deferred on other reactors
 
-    def _served_from_cache(self, request: Request) -> bool:
-        """HttpCacheMiddleware (900) will answer this request: it must not wait or spend tokens.
-
-        Asks the cache's own policy and storage the question its process_request
-        will ask, after us in the chain.
-        """
-        cache = self._cache
-        assert cache is not None
-        if request.meta.get("dont_cache"):
-            return False
-        if cache.ignore_missing:
-            return True  # nothing leaves the process: a miss is dropped by the cache
-        try:
-            if not cache.policy.should_cache_request(request):
-                return False
-            cached = cache.storage.retrieve_response(self.crawler.spider, request)
-            return cached is not None and cache.policy.is_cached_response_fresh(cached, request)
-        except Exception:  # the cache logs its own read errors; for us it is a miss
-            return False
-
     def _slot_for(self, exit_id: str) -> str:
         """One download slot per exit, as wide as the exit's cap and with no delay of its own."""
         key = SLOT_PREFIX + exit_id
-        downloader = self.crawler.engine.downloader
-        if key not in downloader.per_slot_settings:
-            downloader.per_slot_settings[key] = {
-                "concurrency": self.limiter.exits[exit_id].concurrency.ceiling,
-                "delay": 0,
-                "jitter": 0,
-                "randomize_delay": False,
-            }
+        set_slot_settings(self.crawler, key, self.limiter.exits[exit_id].concurrency.ceiling)
         return key
 
     @staticmethod

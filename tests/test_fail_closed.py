@@ -81,21 +81,21 @@ async def test_a_crawl_with_no_exits_raises_and_sends_nothing(exits, tmp_path):
 class StripProxy:
     """A middleware after ExitLimitMiddleware that drops the proxy it set."""
 
-    def process_request(self, request: scrapy.Request) -> None:
+    def process_request(self, request: scrapy.Request, spider: Any = None) -> None:
         request.meta.pop("proxy", None)
 
 
 class SwapProxy:
     """... or points the request at another proxy."""
 
-    def process_request(self, request: scrapy.Request) -> None:
+    def process_request(self, request: scrapy.Request, spider: Any = None) -> None:
         request.meta["proxy"] = request.meta["other_proxy"]
 
 
 class StripCredentials:
     """... or, after HttpProxyMiddleware, drops the exit's credentials."""
 
-    def process_request(self, request: scrapy.Request) -> None:
+    def process_request(self, request: scrapy.Request, spider: Any = None) -> None:
         request.headers.pop(b"Proxy-Authorization", None)
 
 
