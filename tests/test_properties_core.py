@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from contextlib import contextmanager
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -128,7 +129,23 @@ def test_bucket_hold_until_means_no_token_before_then_and_then_one(rate, burst, 
     assert at_least(bucket.ready_at(now), now + hold_for)
     at = bucket.ready_at(now)
     bucket.consume(at)
-    assert at_least(bucket.ready_at(at), at + bucket.interval)  # one, not a burst
+    # one, not a burst: the next comes one interval on, the interval computed here
+    assert bucket.ready_at(at) == pytest.approx(at + 1.0 / rate, rel=1e-12)
+
+
+@SETTINGS
+@given(rates, bursts, margins, st.integers(min_value=1, max_value=40))
+def test_bucket_admits_as_fast_as_its_rate_allows_and_no_faster(rate, burst, margin, n):
+    """``n`` tokens, each taken as soon as it is ready: the first ``burst`` at once, then
+    one every ``1/rate + margin`` seconds, computed here, not read from the bucket (a
+    bucket slower than its rate would pass every upper bound above)."""
+    bucket = TokenBucket(rate, burst, margin)
+    start = now = 100.0
+    for _ in range(n):
+        now = bucket.ready_at(now)
+        bucket.consume(now)
+    expected = max(0, n - burst) * (1.0 / rate + margin)
+    assert now - start == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
 @SETTINGS
