@@ -315,10 +315,6 @@ class ExitLimitConfig:
     #: a response header in which the provider names the exit's IP (None: not used)
     exit_ip_header: str | None = None
 
-    @property
-    def rate_given(self) -> bool:
-        return self.limits.rate is not None
-
     @classmethod
     def from_settings(cls, settings: Any) -> ExitLimitConfig:
         if not read_bool(settings, "EXITLIMIT_ENABLED", True):

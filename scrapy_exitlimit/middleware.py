@@ -370,8 +370,9 @@ class ExitLimitMiddleware:
         pair = self.limiter.pair_state(lease.origin, lease.exit_id)
         latency = self.limiter.clock() - lease.admitted_at
         for sink in self.sinks:
-            sink.response(lease.origin, lease.exit_id, status, signal.value, latency,
-                          pair.bucket.rate, estate.limit, estate.in_flight)
+            sink.response(lease.origin, lease.exit_id, status=status, signal=signal.value,
+                          latency=latency, rate=pair.bucket.rate, limit=estate.limit,
+                          in_flight=estate.in_flight)
 
     @staticmethod
     def _retry_after(response: Response) -> float | None:
@@ -422,8 +423,7 @@ class ExitLimitMiddleware:
         timeout = isinstance(exception, TIMEOUTS)
         self._report(self.backend.proxy_fault(None, exit_id, origin_of(request), timeout))
         for sink in self.sinks:
-            sink.response(origin_of(request), exit_id, None, signal.value, None, None, None,
-                          None)
+            sink.response(origin_of(request), exit_id, status=None, signal=signal.value)
         return self._reissue(request, signal, type(exception).__name__)
 
     def _reissue(self, request: Request, signal: Signal, what: str) -> Request | None:

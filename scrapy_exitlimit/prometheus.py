@@ -82,9 +82,9 @@ class PrometheusMetrics:
         self.wait.observe(wait)
         self._state(origin, exit_id, rate, limit, in_flight)
 
-    def response(self, origin: str, exit_id: str, status: int | None, signal: str | None,
-                 latency: float | None, rate: float | None, limit: int | None,
-                 in_flight: int) -> None:
+    def response(self, origin: str, exit_id: str, *, status: int | None, signal: str | None,
+                 latency: float | None = None, rate: float | None = None,
+                 limit: int | None = None, in_flight: int | None = None) -> None:
         self.responses.labels(exit_id, signal or "none").inc()
         if latency is not None:
             self.latency.labels(exit_id).observe(latency)
@@ -105,9 +105,10 @@ class PrometheusMetrics:
             server.server_close()
 
     def _state(self, origin: str, exit_id: str, rate: float | None, limit: int | None,
-               in_flight: int) -> None:
+               in_flight: int | None) -> None:
         if rate is not None:
             self.pair_rate.labels(origin, exit_id).set(rate)
         if limit is not None:
             self.limit.labels(exit_id).set(limit)
-        self.in_flight.labels(exit_id).set(in_flight)
+        if in_flight is not None:
+            self.in_flight.labels(exit_id).set(in_flight)

@@ -117,9 +117,9 @@ class Telemetry:
         self._write(_ADMIT % (t, q(origin), q(exit_id), _num(wait), _num(rate), _num(limit),
                               _num(in_flight)), t)
 
-    def response(self, origin: str, exit_id: str, status: int | None, signal: str | None,
-                 latency: float | None, rate: float | None, limit: int | None,
-                 in_flight: int) -> None:
+    def response(self, origin: str, exit_id: str, *, status: int | None, signal: str | None,
+                 latency: float | None = None, rate: float | None = None,
+                 limit: int | None = None, in_flight: int | None = None) -> None:
         """An answer came back (``status`` None for a download error), and what it meant
         (``signal``, e.g. ``"ok"``, ``"rate_limited"``); ``latency`` in seconds since
         admission; ``rate``/``limit``/``in_flight`` as after the answer was taken in."""

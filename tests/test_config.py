@@ -15,7 +15,7 @@ def test_defaults():
     c = config()
     assert [e.id for e in c.exits][0] == "127.0.0.1:9000"
     assert "secret" not in c.exits[1].id
-    assert c.limits.rate is None and not c.rate_given  # learned
+    assert c.limits.rate is None  # learned
     assert c.limits.burst == 1 and c.limits.concurrency == 8 and c.limits.origin_rate is None
     assert c.max_retries == 8 and c.stall_timeout == 120.0
     assert c.tuning.start_rate == 2.0 and c.tuning.breaker_after == 5
@@ -25,7 +25,7 @@ def test_values_are_read():
     c = config(EXITLIMIT_RATE="5", EXITLIMIT_BURST=2, EXITLIMIT_CONCURRENCY=8,
                EXITLIMIT_ORIGIN_RATE=20, EXITLIMIT_MAX_RETRIES=0, EXITLIMIT_JITTER=0.2)
     assert (c.limits.rate, c.limits.burst, c.limits.concurrency) == (5.0, 2, 8)
-    assert c.limits.origin_rate == 20.0 and c.rate_given and c.max_retries == 0
+    assert c.limits.origin_rate == 20.0 and c.limits.rate is not None and c.max_retries == 0
     assert c.tuning.jitter == 0.2
 
 

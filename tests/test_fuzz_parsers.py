@@ -31,7 +31,6 @@ from scrapy_exitlimit.core import (
 from scrapy_exitlimit.core.ratelimit_headers import (
     RATELIMIT_HEADERS,
     Quota,
-    pacing_rate,
     parse_ratelimit,
 )
 
@@ -198,8 +197,7 @@ def check_quota(quota: Quota | None) -> None:
     for name in ("limit", "window", "remaining", "reset"):
         value = getattr(quota, name)
         assert value is None or (math.isfinite(value) and value >= 0), (name, value)
-    for rate in (quota.rate, pacing_rate(quota)):
-        assert rate is None or (math.isfinite(rate) and rate >= 0), rate
+    assert quota.rate is None or (math.isfinite(quota.rate) and quota.rate >= 0), quota.rate
 
 
 @SETTINGS
