@@ -8,7 +8,7 @@ from typing import Any
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 from scrapy.utils.misc import load_object
 
-from .config import DEFAULT_CONCURRENCY, exit_concurrency, no_exits_error, read_bool, read_exits
+from .config import exit_concurrency, no_exits_error, read_bool, read_exits, read_setting
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Addon:
 
     @staticmethod
     def _size_concurrency(settings: BaseSettings, exits: list[Any]) -> None:
-        per_exit = _int(settings.get("EXITLIMIT_CONCURRENCY"), DEFAULT_CONCURRENCY)
+        per_exit = read_setting(settings, "EXITLIMIT_CONCURRENCY")
         caps = exit_concurrency(settings, exits, per_exit)  # EXITLIMIT_EXIT_SETTINGS too
         capacity, wanted = pool_capacity(caps)
         if not _user_set(settings, "CONCURRENT_REQUESTS"):
@@ -126,9 +126,3 @@ def pool_capacity(caps: list[int]) -> tuple[int, int]:
     capacity = sum(caps)
     return capacity, capacity + max(PARKING_ROOM, len(caps))
 
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return int(value) if value not in (None, "") else default
-    except (TypeError, ValueError):
-        return default

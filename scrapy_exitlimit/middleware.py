@@ -120,8 +120,8 @@ class ExitLimitMiddleware:
             acquire=self._acquire, waitable=self.queue.waitable, stats=self.stats)
         #: windows of stated quotas that do not say how long their window is
         self.quota_windows = QuotaWindows()
-        telemetry = Telemetry.from_settings(crawler.settings)
-        metrics = PrometheusMetrics.from_settings(crawler.settings)
+        telemetry = Telemetry.open(config.telemetry)
+        metrics = PrometheusMetrics.serve(config.prometheus_port, config.prometheus_addr)
         #: where admissions, answers and adjustments are recorded (telemetry, metrics)
         self.sinks: list[Any] = [sink for sink in (telemetry, metrics) if sink is not None]
         crawler.exitlimit = self  # type: ignore[attr-defined]  # the progress line reads it

@@ -18,6 +18,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from ._compat import looping_call
+from .config import read_bool
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -66,7 +67,7 @@ class ExitLimitProgress:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ExitLimitProgress:
         settings = crawler.settings
-        if not settings.getbool("EXITLIMIT_ENABLED", True):
+        if not read_bool(settings, "EXITLIMIT_ENABLED", True):
             raise NotConfigured("EXITLIMIT_ENABLED is off")
         interval = settings.getfloat("LOGSTATS_INTERVAL")
         if not interval:

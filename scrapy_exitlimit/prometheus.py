@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .config import read_setting
 from .telemetry import EventLike
 
 PORT_SETTING = "EXITLIMIT_PROMETHEUS_PORT"
@@ -54,19 +55,12 @@ class PrometheusMetrics:
                                   ["exit"], registry=r)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> PrometheusMetrics | None:
-        """None unless ``EXITLIMIT_PROMETHEUS_PORT`` is set; then serve the metrics there."""
-        port = settings.get(PORT_SETTING)
-        if port in (None, ""):
+    def serve(cls, port: int | None, addr: str) -> PrometheusMetrics | None:
+        """None for no port (``ExitLimitConfig.prometheus_port``); else serve the metrics
+        there, on ``addr``."""
+        if port is None:
             return None
-        try:
-            port = int(port)
-            if not 0 <= port <= 65535:
-                raise ValueError
-        except (TypeError, ValueError):
-            raise ValueError(f"{PORT_SETTING} ({port!r}) must be a port number") from None
         metrics = cls()
-        addr = settings.get(ADDR_SETTING) or "127.0.0.1"
         try:
             started = _client().start_http_server(port, addr=addr, registry=metrics.registry)
         except OSError as exc:
@@ -75,6 +69,11 @@ class PrometheusMetrics:
         # prometheus_client >= 0.20 returns (server, thread): close() can stop it
         metrics._server = started[0] if isinstance(started, tuple) else None
         return metrics
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> PrometheusMetrics | None:
+        """None unless ``EXITLIMIT_PROMETHEUS_PORT`` is set; then serve the metrics there."""
+        return cls.serve(read_setting(settings, PORT_SETTING), read_setting(settings, ADDR_SETTING))
 
     def admission(self, origin: str, exit_id: str, wait: float, rate: float | None,
                   limit: int | None, in_flight: int) -> None:

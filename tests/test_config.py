@@ -202,3 +202,36 @@ def test_a_bad_policy_names_the_setting(policy):
     crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS, "EXITLIMIT_POLICY": policy})
     with pytest.raises(ValueError, match="EXITLIMIT_POLICY"):
         ExitLimitMiddleware.from_crawler(crawler)
+
+
+def test_each_default_is_written_once_and_the_readme_agrees():
+    """The settings table takes its defaults from the core (Limits, Tuning, ExitHealth,
+    CRAWL_TUNING); the README's settings table shows the same numbers."""
+    import re
+    from pathlib import Path
+
+    from scrapy.settings import Settings
+
+    from scrapy_exitlimit import config as config_module
+    from scrapy_exitlimit.core import Limits, Tuning
+    from scrapy_exitlimit.core.health import ExitHealth
+    from scrapy_exitlimit.core.limits import CRAWL_TUNING
+
+    c = ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": ["http://127.0.0.1:1"]}))
+    assert c.tuning.margin == CRAWL_TUNING["margin"] and c.tuning.jitter == CRAWL_TUNING["jitter"]
+    assert (c.tuning.evict_after, c.tuning.reanimate_after) == (
+        Tuning().evict_after, Tuning().reanimate_after) == (
+        ExitHealth().evict_after, ExitHealth().backoff)
+    assert c.limits.concurrency == Limits().concurrency and c.redis_timeout == 1.0
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    shown = {}
+    for names, defaults in re.findall(r"^\| (`EXITLIMIT_[^|]+) \| ([^|]+) \|", readme, re.M):
+        for name, default in zip(re.findall(r"`(EXITLIMIT_\w+)`", names),
+                                 re.findall(r"`([^`]+)`|unset|—", defaults), strict=False):
+            shown[name] = default
+    checked = 0
+    for name, (_, _, _, _, default) in config_module._NUMBERS.items():
+        if default is not None and shown.get(name):
+            assert float(shown[name]) == default, (name, shown[name], default)
+            checked += 1
+    assert checked >= 15, checked

@@ -249,18 +249,9 @@ def test_parse_ratelimit_on_odd_containers(headers, explode, now):
 # -- settings ----------------------------------------------------------------------------------
 
 EXIT_URLS = ["http://127.0.0.1:9000", "http://u:secret@127.0.0.1:9001"]
-NUMERIC_SETTINGS = sorted(
-    {name for name, *_ in config_module._TUNING.values()}
-    | {name for name, *_ in config_module._GLUE.values()}
-    | {"EXITLIMIT_RATE", "EXITLIMIT_BURST", "EXITLIMIT_CONCURRENCY", "EXITLIMIT_ORIGIN_RATE",
-       "EXITLIMIT_ORIGIN_BURST"}
-)
-
-INTEGER_SETTINGS = (
-    {name for name, integer, *_ in config_module._TUNING.values() if integer}
-    | {name for name, integer, *_ in config_module._GLUE.values() if integer}
-    | {"EXITLIMIT_BURST", "EXITLIMIT_CONCURRENCY", "EXITLIMIT_ORIGIN_BURST"}
-)
+#: every number the settings table reads (config._NUMBERS: limits, tuning, glue, Redis)
+NUMERIC_SETTINGS = sorted(config_module._NUMBERS)
+INTEGER_SETTINGS = {name for name, (_, integer, *_) in config_module._NUMBERS.items() if integer}
 
 
 #: what a settings value may be: from a settings.py, a -s flag (a string) or an env var

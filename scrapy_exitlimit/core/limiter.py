@@ -15,7 +15,7 @@ from typing import Any
 from .bucket import TokenBucket
 from .events import Event
 from .exits import Exit
-from .health import ConcurrencyLimit, ExitHealth
+from .health import EVICT_AFTER, REANIMATE_AFTER, ConcurrencyLimit, ExitHealth
 from .learner import OriginLearner, PairLearning, estimate_data, load_estimate
 from .learning import RateEstimate
 from .limits import Limits
@@ -41,7 +41,8 @@ ORIGIN_IDLE = 3600.0
 
 @dataclass
 class Tuning:
-    """Knobs of the control laws (settings map onto these)."""
+    """Knobs of the control laws (settings map onto these). No margin and no jitter by
+    default: exact arithmetic; a crawl's are ``limits.CRAWL_TUNING``."""
 
     margin: float = 0.0
     jitter: float = 0.0
@@ -51,8 +52,8 @@ class Tuning:
     breaker_after: int = 5
     breaker_cooldown: float = 30.0
     ban_cooldown: float = 300.0
-    evict_after: int = 3
-    reanimate_after: float = 10.0
+    evict_after: int = EVICT_AFTER
+    reanimate_after: float = REANIMATE_AFTER
     overload_backoff: float = 0.5
 
 
