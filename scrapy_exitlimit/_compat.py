@@ -83,10 +83,11 @@ async def close_spider(crawler: Crawler, reason: str) -> None:
 
 
 def download_exceptions(*names: str) -> tuple[type[BaseException], ...]:
-    """The Scrapy exceptions of these names that this Scrapy has. Since 2.14 Scrapy wraps
-    Twisted's download errors in its own (``DownloadTimeoutError``...; 2.19 added
-    ``DownloadConnectionRefusedError``, ``DownloadFailedError``); before, the Twisted ones
-    reach the middlewares unwrapped, so callers list both."""
+    """The Scrapy exceptions of these names that this Scrapy has. Since 2.15 Scrapy wraps
+    Twisted's download errors in its own (``DownloadTimeoutError``,
+    ``DownloadConnectionRefusedError``, ``DownloadFailedError``, ``ResponseDataLossError``);
+    before, the Twisted ones reach the middlewares unwrapped, so callers list both.
+    Read: 2.13.4-2.19.0."""
     return tuple(getattr(_scrapy_exceptions, n) for n in names
                  if isinstance(getattr(_scrapy_exceptions, n, None), type))
 
