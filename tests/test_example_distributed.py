@@ -7,6 +7,7 @@ import io
 import runpy
 from pathlib import Path
 
+from .crawling import CALLBACK_DELAY
 from .redis_server import redis_binary
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "example_project"
@@ -51,7 +52,8 @@ def test_two_processes_share_the_crawl_each_page_once_within_the_exits_limits(tm
     assert result["total"] == pages and result["fetched"] == pages, report
     assert all(n > 0 for n in result["items"]), report  # both took part
     assert result["concurrent_requests"] == [8, 8], report
-    assert result["rejected"] <= 0.02 * (result["fetched"] + result["rejected"]), report
+    allowed = 2 if CALLBACK_DELAY else 0.02 * (result["fetched"] + result["rejected"])
+    assert result["rejected"] <= allowed, report
     assert runner.ok(result)
     assert "all exits" in report and f"total:   {pages:>6}" in report
 
