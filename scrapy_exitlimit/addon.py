@@ -8,7 +8,7 @@ from typing import Any
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 from scrapy.utils.misc import load_object
 
-from .config import DEFAULT_CONCURRENCY, exit_concurrency, no_exits_error, read_bool, read_exits
+from .config import exit_concurrency, no_exits_error, read_bool, read_exits, read_setting
 
 logger = logging.getLogger(__name__)
 
@@ -98,13 +98,6 @@ class Addon:
     @staticmethod
     def _install_handler(settings: BaseSettings) -> None:
         """Our HTTP/1.1 handler for http and https, unless you chose one for the scheme."""
-        try:
-            from . import handlers  # noqa: F401 - needs Scrapy's HTTP/1.1 handler internals
-        except ImportError as exc:
-            logger.warning("scrapy_exitlimit: cannot install %s (%s): exits that differ only "
-                           "in credentials may share connections, and no last-moment check "
-                           "that each request leaves through its exit", DOWNLOAD_HANDLER, exc)
-            return
         own = settings.getdict("DOWNLOAD_HANDLERS")
         chosen = {s: DOWNLOAD_HANDLER for s in ("http", "https") if s not in own}
         if chosen:  # at the priority of your own entries, which stay as they are
@@ -113,7 +106,7 @@ class Addon:
 
     @staticmethod
     def _size_concurrency(settings: BaseSettings, exits: list[Any]) -> None:
-        per_exit = _int(settings.get("EXITLIMIT_CONCURRENCY"), DEFAULT_CONCURRENCY)
+        per_exit = read_setting(settings, "EXITLIMIT_CONCURRENCY")
         caps = exit_concurrency(settings, exits, per_exit)  # EXITLIMIT_EXIT_SETTINGS too
         capacity, wanted = pool_capacity(caps)
         if not _user_set(settings, "CONCURRENT_REQUESTS"):
@@ -133,9 +126,3 @@ def pool_capacity(caps: list[int]) -> tuple[int, int]:
     capacity = sum(caps)
     return capacity, capacity + max(PARKING_ROOM, len(caps))
 
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return int(value) if value not in (None, "") else default
-    except (TypeError, ValueError):
-        return default

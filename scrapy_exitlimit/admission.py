@@ -12,6 +12,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from ._compat import call_later, is_asyncio_available
 from .backends import Admission, Backend
 from .core import Lease
 from .core.scopes import Scope
@@ -19,15 +20,6 @@ from .core.scopes import Scope
 logger = logging.getLogger(__name__)
 
 
-try:  # a timer on whatever loop Scrapy runs (asyncio or the Twisted reactor)
-    from scrapy.utils.asyncio import call_later, is_asyncio_available  # Scrapy >= 2.14
-except ImportError:  # pragma: no cover - Scrapy 2.13
-    from scrapy.utils.reactor import is_asyncio_reactor_installed as is_asyncio_available
-
-    def call_later(delay: float, func: Callable[[], Any]) -> Any:  # type: ignore[misc]
-        from twisted.internet import reactor
-
-        return reactor.callLater(delay, func)
 
 
 class HandedBack(Exception):

@@ -6,7 +6,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +16,11 @@ from scrapy.settings import SETTINGS_PRIORITIES
 
 from .core import Exit, Limits, Tuning, mask_url, parse_exit_list, parse_sessions
 from .core.exits import SESSION_FIELD, is_template, with_scheme
+from .core.limits import CRAWL_TUNING
 from .core.scopes import ScopeRules
 
 logger = logging.getLogger(__name__)
 
-#: ceiling of each exit's adaptive in-flight limit
-DEFAULT_CONCURRENCY = 8
 DEFAULT_POLICY = "scrapy_exitlimit.policy.ResponsePolicy"
 
 
@@ -265,18 +264,38 @@ def _overrides(settings: Any, name: str, allowed: set[str]) -> dict[str, dict[st
     return out
 
 
-#: attribute -> (setting, integer?, minimum, strictly greater?, default)
+# -- the settings table -------------------------------------------------------------------
+# Every EXITLIMIT_* setting with a value of its own is read here, once, with an error that
+# names it; components get the parsed values from ExitLimitConfig (or read_setting), never
+# the raw setting. Defaults come from the core's own dataclasses where it has one, so each
+# is written in one place: Limits, Tuning (whose eviction defaults are ExitHealth's), and
+# CRAWL_TUNING for the margin and jitter a crawl adds to the core's exact arithmetic.
+
+_LIMITS_DEFAULTS = Limits()
+_TUNING_DEFAULTS = {**vars(Tuning()), **CRAWL_TUNING}
+
+#: numbers: attribute -> (setting, integer?, minimum, strictly greater?, default)
+_LIMITS = {
+    "rate": ("EXITLIMIT_RATE", False, 0, True, _LIMITS_DEFAULTS.rate),
+    "burst": ("EXITLIMIT_BURST", True, 1, False, _LIMITS_DEFAULTS.burst),
+    "concurrency": ("EXITLIMIT_CONCURRENCY", True, 1, False, _LIMITS_DEFAULTS.concurrency),
+    "origin_rate": ("EXITLIMIT_ORIGIN_RATE", False, 0, True, _LIMITS_DEFAULTS.origin_rate),
+    "origin_burst": ("EXITLIMIT_ORIGIN_BURST", True, 1, False, _LIMITS_DEFAULTS.origin_burst),
+}
 _TUNING = {
-    "margin": ("EXITLIMIT_SAFETY_MARGIN", False, 0, False, 0.005),
-    "jitter": ("EXITLIMIT_JITTER", False, 0, False, 0.1),
-    "start_rate": ("EXITLIMIT_START_RATE", False, 0, True, 2.0),
-    "max_rate": ("EXITLIMIT_MAX_RATE", False, 0, True, 1000.0),
-    "min_rate": ("EXITLIMIT_MIN_RATE", False, 0, True, 0.05),
-    "breaker_after": ("EXITLIMIT_BREAKER_THRESHOLD", True, 1, False, 5),
-    "breaker_cooldown": ("EXITLIMIT_BREAKER_COOLDOWN", False, 0, False, 30.0),
-    "ban_cooldown": ("EXITLIMIT_BAN_COOLDOWN", False, 0, False, 300.0),
-    "evict_after": ("EXITLIMIT_EVICT_AFTER", True, 1, False, 3),
-    "reanimate_after": ("EXITLIMIT_REANIMATE_AFTER", False, 0, False, 10.0),
+    attr: (name, integer, minimum, strict, _TUNING_DEFAULTS[attr])
+    for attr, (name, integer, minimum, strict) in {
+        "margin": ("EXITLIMIT_SAFETY_MARGIN", False, 0, False),
+        "jitter": ("EXITLIMIT_JITTER", False, 0, False),
+        "start_rate": ("EXITLIMIT_START_RATE", False, 0, True),
+        "max_rate": ("EXITLIMIT_MAX_RATE", False, 0, True),
+        "min_rate": ("EXITLIMIT_MIN_RATE", False, 0, True),
+        "breaker_after": ("EXITLIMIT_BREAKER_THRESHOLD", True, 1, False),
+        "breaker_cooldown": ("EXITLIMIT_BREAKER_COOLDOWN", False, 0, False),
+        "ban_cooldown": ("EXITLIMIT_BAN_COOLDOWN", False, 0, False),
+        "evict_after": ("EXITLIMIT_EVICT_AFTER", True, 1, False),
+        "reanimate_after": ("EXITLIMIT_REANIMATE_AFTER", False, 0, False),
+    }.items()
 }
 _GLUE = {
     "max_retries": ("EXITLIMIT_MAX_RETRIES", True, 0, False, 8),
@@ -288,16 +307,87 @@ _GLUE = {
     "state_save_interval": ("EXITLIMIT_STATE_SAVE_INTERVAL", False, 0, False, 300.0),
     "state_max_age": ("EXITLIMIT_STATE_MAX_AGE", False, 0, True, 86400.0),
 }
+#: read here, used by the Redis backend (ExitLimitConfig.redis_timeout)
+_REDIS_NUMBERS = {
+    "redis_timeout": ("EXITLIMIT_REDIS_TIMEOUT", False, 0, True, 1.0),
+}
+_NUMBERS = {spec[0]: spec
+            for table in (_LIMITS, _TUNING, _GLUE, _REDIS_NUMBERS) for spec in table.values()}
 
 
-def _read_table(settings: Any, table: dict[str, tuple[str, bool, float, bool, Any]]
-                ) -> dict[str, Any]:
-    out = {}
-    for attr, (name, integer, minimum, strict, default) in table.items():
+def _string(settings: Any, name: str) -> str | None:
+    value = settings.get(name)
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _prefix(settings: Any, name: str) -> str | None:
+    value = _string(settings, name)
+    if value is not None and ("{" in value or "}" in value):
+        raise ValueError(f"{name} ({_short(value)}) must not contain braces: it becomes the "
+                         "keys' Redis Cluster hash tag")
+    return value
+
+
+def _on_error(settings: Any, name: str) -> str | None:
+    value = settings.get(name)
+    if value in (None, ""):
+        return None
+    if value not in ("local", "pause"):
+        raise ValueError(f"{name} ({_short(value)}) must be 'local' or 'pause'")
+    return str(value)
+
+
+def _port(settings: Any, name: str) -> int | None:
+    if settings.get(name) in (None, ""):
+        return None
+    port = _number(settings, name, integer=True, minimum=0)
+    if port > 65535:
+        raise ValueError(f"{name} ({_short(settings.get(name))}) must be a port number "
+                         "(0-65535)")
+    return int(port)
+
+
+def _path(settings: Any, name: str) -> Path | None:
+    value = settings.get(name)
+    if value in (None, ""):
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a file path, got {type(value).__name__}")
+    if isinstance(value, str) and "\0" in value:
+        raise ValueError(f"{name} ({_short(value)}) must be a file path (it holds a NUL)")
+    return Path(value).expanduser()
+
+
+#: everything else: attribute -> (setting, reader (None when unset), default)
+_OTHER: dict[str, tuple[str, Callable[[Any, str], Any], Any]] = {
+    "redis_url": ("EXITLIMIT_REDIS_URL", _string, None),
+    "redis_prefix": ("EXITLIMIT_REDIS_PREFIX", _prefix, "exitlimit"),
+    "redis_on_error": ("EXITLIMIT_REDIS_ON_ERROR", _on_error, "local"),
+    "telemetry": ("EXITLIMIT_TELEMETRY", _path, None),
+    "prometheus_port": ("EXITLIMIT_PROMETHEUS_PORT", _port, None),
+    "prometheus_addr": ("EXITLIMIT_PROMETHEUS_ADDR", _string, "127.0.0.1"),
+}
+_READERS = {name: (reader, default) for name, reader, default in _OTHER.values()}
+
+
+def read_setting(settings: Any, name: str) -> Any:
+    """One setting of the table, parsed (its default when unset); ValueError naming it."""
+    if name in _NUMBERS:
+        _, integer, minimum, strict, default = _NUMBERS[name]
         value = _number(settings, name, integer=integer, minimum=minimum, strict=strict,
                         optional=True)
-        out[attr] = default if value is None else value
-    return out
+    else:
+        reader, default = _READERS[name]
+        value = reader(settings, name)
+    return default if value is None else value
+
+
+def _read_table(settings: Any, table: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+    return {attr: read_setting(settings, spec[0]) for attr, spec in table.items()}
 
 
 @dataclass(frozen=True)
@@ -320,15 +410,19 @@ class ExitLimitConfig:
     backend: str = "memory"
     #: a response header in which the provider names the exit's IP (None: not used)
     exit_ip_header: str | None = None
+    # the _OTHER settings, and EXITLIMIT_REDIS_TIMEOUT (their defaults live in the tables)
+    redis_timeout: float = _REDIS_NUMBERS["redis_timeout"][4]
+    redis_url: str | None = None
+    redis_prefix: str = _OTHER["redis_prefix"][2]
+    redis_on_error: str = _OTHER["redis_on_error"][2]
+    telemetry: Path | None = None
+    prometheus_port: int | None = None
+    prometheus_addr: str = _OTHER["prometheus_addr"][2]
     #: EXITLIMIT_SCOPES: configured rates of named scopes (``meta['exitlimit_scope']``)
     scopes: ScopeRules = field(default_factory=ScopeRules)
     stats_per_scope: bool = False
     #: where what was learned is kept between runs (None: nowhere but a shared backend)
     state_file: str | None = None
-
-    @property
-    def rate_given(self) -> bool:
-        return self.limits.rate is not None
 
     @classmethod
     def from_settings(cls, settings: Any) -> ExitLimitConfig:
@@ -351,14 +445,7 @@ class ExitLimitConfig:
         origin_overrides = _overrides(settings, "EXITLIMIT_ORIGIN_SETTINGS",
                                       {"rate", "burst", "origin_rate", "origin_burst"})
         limits = Limits(
-            rate=_number(settings, "EXITLIMIT_RATE", minimum=0, strict=True, optional=True),
-            burst=_number(settings, "EXITLIMIT_BURST", integer=True, minimum=1, optional=True) or 1,
-            concurrency=_number(settings, "EXITLIMIT_CONCURRENCY", integer=True, minimum=1,
-                                optional=True) or DEFAULT_CONCURRENCY,
-            origin_rate=_number(settings, "EXITLIMIT_ORIGIN_RATE", minimum=0, strict=True,
-                                optional=True),
-            origin_burst=_number(settings, "EXITLIMIT_ORIGIN_BURST", integer=True, minimum=1,
-                                 optional=True) or 1,
+            **_read_table(settings, _LIMITS),
             origins={k.rstrip("/"): v for k, v in origin_overrides.items()},
             exits=exit_overrides,
         )
@@ -398,6 +485,8 @@ class ExitLimitConfig:
             lease_timeout=settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 60,
             policy=policy,
             **glue,
+            **_read_table(settings, _REDIS_NUMBERS),
+            **_read_table(settings, _OTHER),
         )
         if config.cooldown_min > config.cooldown_max:
             raise ValueError(f"EXITLIMIT_COOLDOWN_MIN ({config.cooldown_min}) must not exceed "
@@ -453,12 +542,10 @@ SETTINGS = (
     "EXITLIMIT_RATE", "EXITLIMIT_BURST", "EXITLIMIT_CONCURRENCY", "EXITLIMIT_ORIGIN_RATE",
     "EXITLIMIT_ORIGIN_BURST", "EXITLIMIT_ORIGIN_SETTINGS", "EXITLIMIT_EXIT_SETTINGS",
     *(name for name, *_ in _TUNING.values()), *(name for name, *_ in _GLUE.values()),
+    *(name for name, *_ in _REDIS_NUMBERS.values()), *(name for name, *_ in _OTHER.values()),
     "EXITLIMIT_POLICY", "EXITLIMIT_DEBUG", "EXITLIMIT_STATS_PER_EXIT",
-    "EXITLIMIT_EXIT_IP_HEADER", "EXITLIMIT_TELEMETRY", "EXITLIMIT_PROMETHEUS_PORT",
-    "EXITLIMIT_PROMETHEUS_ADDR", "EXITLIMIT_SCOPES", "EXITLIMIT_STATS_PER_SCOPE",
-    "EXITLIMIT_BACKEND", "EXITLIMIT_REDIS_URL",
-    "EXITLIMIT_REDIS_PREFIX", "EXITLIMIT_REDIS_TIMEOUT", "EXITLIMIT_REDIS_ON_ERROR",
-    "EXITLIMIT_STATE_FILE",
+    "EXITLIMIT_EXIT_IP_HEADER", "EXITLIMIT_BACKEND", "EXITLIMIT_SCOPES",
+    "EXITLIMIT_STATS_PER_SCOPE", "EXITLIMIT_STATE_FILE",
 )
 
 #: short names EXITLIMIT_BACKEND takes besides a class path (backends.ALIASES)
@@ -467,8 +554,8 @@ _CLASS_PATH = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+")
 
 
 def check_other_settings(settings: Any) -> None:
-    """Settings read elsewhere (backends, telemetry, metrics), checked at start with
-    errors that name them, before any component reads them."""
+    """The classes to load (EXITLIMIT_BACKEND, EXITLIMIT_POLICY), checked at start with
+    errors that name them, before anything is imported."""
     backend = settings.get("EXITLIMIT_BACKEND")
     if isinstance(backend, str) and backend and backend not in BACKEND_NAMES \
             and not _CLASS_PATH.fullmatch(backend):
@@ -483,27 +570,10 @@ def check_other_settings(settings: Any) -> None:
     if policy not in (None, "") and not isinstance(policy, (str, type)):
         raise ValueError(f"EXITLIMIT_POLICY ({_short(policy)}) must be a ResponsePolicy "
                          "subclass or its path")
-    _number(settings, "EXITLIMIT_REDIS_TIMEOUT", minimum=0, strict=True, optional=True)
-    on_error = settings.get("EXITLIMIT_REDIS_ON_ERROR")
-    if on_error not in (None, "") and on_error not in ("local", "pause"):
-        raise ValueError(f"EXITLIMIT_REDIS_ON_ERROR ({_short(on_error)}) must be 'local' "
-                         "or 'pause'")
-    for name in ("EXITLIMIT_REDIS_URL", "EXITLIMIT_REDIS_PREFIX", "EXITLIMIT_PROMETHEUS_ADDR"):
-        value = settings.get(name)
-        if value not in (None, "") and not isinstance(value, str):
-            raise ValueError(f"{name} must be a string, got {type(value).__name__}")
-    prefix = settings.get("EXITLIMIT_REDIS_PREFIX")
-    if isinstance(prefix, str) and ("{" in prefix or "}" in prefix):
-        raise ValueError(f"EXITLIMIT_REDIS_PREFIX ({_short(prefix)}) must not contain braces")
-    port = settings.get("EXITLIMIT_PROMETHEUS_PORT")
-    if port not in (None, ""):
-        number = _number(settings, "EXITLIMIT_PROMETHEUS_PORT", integer=True, minimum=0)
-        if number > 65535:
-            raise ValueError(f"EXITLIMIT_PROMETHEUS_PORT ({_short(port)}) must be a port "
-                             "number (0-65535)")
-    for name in ("EXITLIMIT_TELEMETRY", "EXITLIMIT_STATE_FILE"):
-        path = settings.get(name)
-        if path not in (None, "") and not isinstance(path, (str, os.PathLike)):
-            raise ValueError(f"{name} must be a file path, got {type(path).__name__}")
-        if isinstance(path, str) and "\0" in path:
-            raise ValueError(f"{name} ({_short(path)}) must be a file path (it holds a NUL)")
+    state_file = settings.get("EXITLIMIT_STATE_FILE")
+    if state_file not in (None, "") and not isinstance(state_file, (str, os.PathLike)):
+        raise ValueError(f"EXITLIMIT_STATE_FILE must be a file path, got "
+                         f"{type(state_file).__name__}")
+    if isinstance(state_file, str) and "\0" in state_file:
+        raise ValueError(f"EXITLIMIT_STATE_FILE ({_short(state_file)}) must be a file path "
+                         "(it holds a NUL)")

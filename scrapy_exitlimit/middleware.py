@@ -8,7 +8,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request, exceptions, signals
+from scrapy import Request, signals
 from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
@@ -17,6 +17,13 @@ from scrapy.utils.misc import load_object
 from twisted.internet.error import TCPTimedOutError
 from twisted.internet.error import TimeoutError as TwistedTimeoutError
 
+from ._compat import (
+    close_spider,
+    download_exceptions,
+    engine_closing,
+    served_from_cache,
+    set_slot_settings,
+)
 from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Repin, Waiter, call_later
 from .backends import load_backend
 from .config import ExitLimitConfig
@@ -59,9 +66,8 @@ SIGNAL_STATS = {
 }
 CLOSE_REASON_NO_EXITS = "exitlimit_no_exits"
 #: timeouts, which the origin may cause as well as the exit
-TIMEOUTS: tuple[type[BaseException], ...] = tuple(
-    t for t in (getattr(exceptions, "DownloadTimeoutError", None), TwistedTimeoutError,
-                TCPTimedOutError) if t is not None)
+TIMEOUTS: tuple[type[BaseException], ...] = (
+    *download_exceptions("DownloadTimeoutError"), TwistedTimeoutError, TCPTimedOutError)
 
 
 def exit_ip(value: bytes | None) -> str | None:
@@ -115,8 +121,8 @@ class ExitLimitMiddleware:
             acquire=self._acquire, waitable=self.queue.waitable, stats=self.stats)
         #: windows of stated quotas that do not say how long their window is
         self.quota_windows = QuotaWindows()
-        telemetry = Telemetry.from_settings(crawler.settings)
-        metrics = PrometheusMetrics.from_settings(crawler.settings)
+        telemetry = Telemetry.open(config.telemetry)
+        metrics = PrometheusMetrics.serve(config.prometheus_port, config.prometheus_addr)
         #: where admissions, answers and adjustments are recorded (telemetry, metrics)
         self.sinks: list[Any] = [sink for sink in (telemetry, metrics) if sink is not None]
         #: what was learned, kept between runs (EXITLIMIT_STATE_FILE)
@@ -154,8 +160,7 @@ class ExitLimitMiddleware:
             self.stats.set_value("exitlimit/state_origins_loaded", len(recalled.origins))
             self.stats.set_value("exitlimit/state_pairs_loaded", recalled.pairs)
             self.backend.recalled(recalled.origins)
-        middlewares = self.crawler.engine.downloader.middleware.middlewares
-        self._cache = next((m for m in middlewares if isinstance(m, HttpCacheMiddleware)), None)
+        self._cache = self.crawler.get_downloader_middleware(HttpCacheMiddleware)
         self._schedule_watch()
 
     async def _spider_closed(self, spider: Any = None, reason: str = "") -> None:
@@ -179,9 +184,7 @@ class ExitLimitMiddleware:
         """Periodic: notice the engine closing (no signal fires before it waits for
         us), fail requests no exit can serve, reclaim leaked leases."""
         self._watch = None
-        engine = self.crawler.engine
-        slot = getattr(engine, "_slot", None)
-        if engine is None or not engine.running or slot is None or slot.closing is not None:
+        if engine_closing(self.crawler):
             self._close_queue("engine closing")
             return
         now = self.backend.clock()
@@ -245,12 +248,7 @@ class ExitLimitMiddleware:
         return True
 
     async def _close_spider(self) -> None:
-        engine = self.crawler.engine
-        if hasattr(engine, "close_spider_async"):
-            await engine.close_spider_async(reason=CLOSE_REASON_NO_EXITS)
-        else:  # pragma: no cover - Scrapy < 2.14
-            await maybe_deferred_to_future(
-                engine.close_spider(self.crawler.spider, CLOSE_REASON_NO_EXITS))
+        await close_spider(self.crawler, CLOSE_REASON_NO_EXITS)
 
     def _close_queue(self, why: str) -> None:
         if self.queue.closed:
@@ -298,7 +296,7 @@ class ExitLimitMiddleware:
         ):
             return None
         self._release(request)  # a retried copy may still carry its old lease
-        if self._cache is not None and self._served_from_cache(request):
+        if self._cache is not None and served_from_cache(self._cache, request, self.crawler):
             self.stats.inc_value("exitlimit/cache_hit")
             return None
         origin = origin_of(request)
@@ -335,37 +333,10 @@ class ExitLimitMiddleware:
         self.stats.max_value("exitlimit/parked_max", self.queue.parked)
         return await lease_or_wait  # a future on asyncio, a Deferred on other reactors
 
-    def _served_from_cache(self, request: Request) -> bool:
-        """HttpCacheMiddleware (900) will answer this request: it must not wait or spend tokens.
-
-        Asks the cache's own policy and storage the question its process_request
-        will ask, after us in the chain.
-        """
-        cache = self._cache
-        assert cache is not None
-        if request.meta.get("dont_cache"):
-            return False
-        if cache.ignore_missing:
-            return True  # nothing leaves the process: a miss is dropped by the cache
-        try:
-            if not cache.policy.should_cache_request(request):
-                return False
-            cached = cache.storage.retrieve_response(self.crawler.spider, request)
-            return cached is not None and cache.policy.is_cached_response_fresh(cached, request)
-        except Exception:  # the cache logs its own read errors; for us it is a miss
-            return False
-
     def _slot_for(self, exit_id: str) -> str:
         """One download slot per exit, as wide as the exit's cap and with no delay of its own."""
         key = SLOT_PREFIX + exit_id
-        downloader = self.crawler.engine.downloader
-        if key not in downloader.per_slot_settings:
-            downloader.per_slot_settings[key] = {
-                "concurrency": self.backend.exit_load(exit_id).ceiling,
-                "delay": 0,
-                "jitter": 0,
-                "randomize_delay": False,
-            }
+        set_slot_settings(self.crawler, key, self.backend.exit_load(exit_id).ceiling)
         return key
 
     @staticmethod
@@ -429,8 +400,9 @@ class ExitLimitMiddleware:
         rate = self.backend.paced_rate(lease.origin, lease.exit_id)
         latency = self.backend.clock() - lease.admitted_at
         for sink in self.sinks:
-            sink.response(lease.origin, lease.exit_id, status, signal.value, latency,
-                          rate, load.limit, load.in_flight)
+            sink.response(lease.origin, lease.exit_id, status=status, signal=signal.value,
+                          latency=latency, rate=rate, limit=load.limit,
+                          in_flight=load.in_flight)
 
     @staticmethod
     def _retry_after(response: Response) -> float | None:
@@ -481,8 +453,7 @@ class ExitLimitMiddleware:
         timeout = isinstance(exception, TIMEOUTS)
         self._report(self.backend.proxy_fault(None, exit_id, origin_of(request), timeout))
         for sink in self.sinks:
-            sink.response(origin_of(request), exit_id, None, signal.value, None, None, None,
-                          None)
+            sink.response(origin_of(request), exit_id, status=None, signal=signal.value)
         return self._reissue(request, signal, type(exception).__name__)
 
     def _reissue(self, request: Request, signal: Signal, what: str) -> Request | None:

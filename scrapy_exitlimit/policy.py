@@ -10,7 +10,9 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from twisted.internet import error as net_error
-from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
+
+from ._compat import download_exceptions
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -86,11 +88,9 @@ class ResponsePolicy:
 
 
 def _proxy_exceptions() -> tuple[type[BaseException], ...]:
-    """Twisted's errors plus the ones Scrapy >= 2.19 wraps them in (when it has them)."""
-    from scrapy import exceptions
+    """Twisted's errors plus the ones newer Scrapy versions wrap them in."""
     from scrapy.core.downloader.handlers.http11 import TunnelError
 
-    names = ("DownloadConnectionRefusedError", "DownloadTimeoutError", "DownloadFailedError",
-             "ResponseDataLossError")
-    wrapped = tuple(getattr(exceptions, n) for n in names if hasattr(exceptions, n))
+    wrapped = download_exceptions("DownloadConnectionRefusedError", "DownloadTimeoutError",
+                                  "DownloadFailedError", "ResponseDataLossError")
     return (TunnelError, *_PROXY_EXCEPTIONS, *wrapped)

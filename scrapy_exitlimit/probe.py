@@ -259,7 +259,14 @@ def parse_levels(value: str) -> list[int]:
 
 class ProbeSpider(scrapy.Spider):
     """Sends ``max(requests_per_level, 2 x level)`` requests per level, exactly ``level``
-    in flight, one exit and one level at a time; fills ``results`` (a list it is given)."""
+    in flight, one exit and one level at a time; fills ``results`` (a list it is given).
+
+    The next request of a level goes out as soon as one leaves the downloader (the
+    ``request_left_downloader`` signal, through ``engine.crawl``), not from the callback:
+    Scrapy before 2.18 waits 0.1 s before each callback, and a request sent from there
+    would leave fewer than ``level`` in flight. Answers are counted in the callbacks; the
+    next level starts once the last one is.
+    """
 
     name = "exitlimit_probe"
     custom_settings = {
@@ -288,13 +295,14 @@ class ProbeSpider(scrapy.Spider):
         self._exit_i, self._level_i = 0, -1
         self._current: LevelResult | None = None
         self._exit_levels: list[LevelResult] = []
-        self._to_send = self._outstanding = 0
+        self._to_send = 0
 
     @classmethod
     def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> ProbeSpider:
         spider = super().from_crawler(crawler, *args, **kwargs)
         crawler.signals.connect(spider._reached, signal=signals.request_reached_downloader)
         crawler.signals.connect(spider._downloaded, signal=signals.response_downloaded)
+        crawler.signals.connect(spider._left, signal=signals.request_left_downloader)
         return spider
 
     @staticmethod
@@ -307,6 +315,11 @@ class ProbeSpider(scrapy.Spider):
         started = request.meta.get(STARTED_KEY)
         if started is not None:
             request.meta[TIME_KEY] = time.monotonic() - started
+
+    def _left(self, request: Request, spider: Any = None) -> None:
+        """One of ours left the downloader (answered or failed): keep the level full."""
+        if STARTED_KEY in request.meta and self._to_send > 0:
+            self.crawler.engine.crawl(self._request())
 
     async def start(self) -> Any:
         for request in self._next_level():
@@ -339,7 +352,6 @@ class ProbeSpider(scrapy.Spider):
         assert self._current is not None
         exit_ = self.exits[self._exit_i]
         self._to_send -= 1
-        self._outstanding += 1
         self._current.sent += 1
         return scrapy.Request(
             self.url, callback=self._answer, errback=self._failed, dont_filter=True,
@@ -369,8 +381,7 @@ class ProbeSpider(scrapy.Spider):
         yield from self._after_answer()
 
     def _after_answer(self) -> Iterator[scrapy.Request]:
-        self._outstanding -= 1
-        if self._to_send > 0:
-            yield self._request()
-        elif self._outstanding == 0:
+        result = self._current
+        assert result is not None
+        if self._to_send == 0 and result.answered == result.sent:
             yield from self._next_level()

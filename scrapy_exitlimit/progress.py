@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from ._compat import looping_call
+from .config import read_bool
+
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
@@ -49,16 +52,6 @@ def format_progress(snap: Snapshot, prev: Snapshot | None, elapsed: float) -> st
             f"admitted {admitted:.0f}/min, 429 {limited:.0f}/min, parked {snap.parked}")
 
 
-def _looping_call(func: Any) -> Any:
-    try:  # Scrapy >= 2.14: an asyncio task when the asyncio reactor runs
-        from scrapy.utils.asyncio import create_looping_call
-    except ImportError:  # pragma: no cover - Scrapy 2.13
-        from twisted.internet.task import LoopingCall
-
-        return LoopingCall(func)
-    return create_looping_call(func)
-
-
 class ExitLimitProgress:
     """Logs :func:`format_progress` every ``LOGSTATS_INTERVAL`` seconds."""
 
@@ -74,7 +67,7 @@ class ExitLimitProgress:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ExitLimitProgress:
         settings = crawler.settings
-        if not settings.getbool("EXITLIMIT_ENABLED", True):
+        if not read_bool(settings, "EXITLIMIT_ENABLED", True):
             raise NotConfigured("EXITLIMIT_ENABLED is off")
         interval = settings.getfloat("LOGSTATS_INTERVAL")
         if not interval:
@@ -86,7 +79,7 @@ class ExitLimitProgress:
 
     def _spider_opened(self, spider: Any = None) -> None:
         self._prev, self._prev_at = None, self.clock()
-        self.task = _looping_call(self.log)
+        self.task = looping_call(self.log)
         self.task.start(self.interval, now=False)
 
     def _spider_closed(self, spider: Any = None, reason: str = "") -> None:

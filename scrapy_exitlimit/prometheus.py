@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .config import read_setting
 from .telemetry import EventLike
 
 PORT_SETTING = "EXITLIMIT_PROMETHEUS_PORT"
@@ -54,19 +55,12 @@ class PrometheusMetrics:
                                   ["exit"], registry=r)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> PrometheusMetrics | None:
-        """None unless ``EXITLIMIT_PROMETHEUS_PORT`` is set; then serve the metrics there."""
-        port = settings.get(PORT_SETTING)
-        if port in (None, ""):
+    def serve(cls, port: int | None, addr: str) -> PrometheusMetrics | None:
+        """None for no port (``ExitLimitConfig.prometheus_port``); else serve the metrics
+        there, on ``addr``."""
+        if port is None:
             return None
-        try:
-            port = int(port)
-            if not 0 <= port <= 65535:
-                raise ValueError
-        except (TypeError, ValueError):
-            raise ValueError(f"{PORT_SETTING} ({port!r}) must be a port number") from None
         metrics = cls()
-        addr = settings.get(ADDR_SETTING) or "127.0.0.1"
         try:
             started = _client().start_http_server(port, addr=addr, registry=metrics.registry)
         except OSError as exc:
@@ -76,15 +70,20 @@ class PrometheusMetrics:
         metrics._server = started[0] if isinstance(started, tuple) else None
         return metrics
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> PrometheusMetrics | None:
+        """None unless ``EXITLIMIT_PROMETHEUS_PORT`` is set; then serve the metrics there."""
+        return cls.serve(read_setting(settings, PORT_SETTING), read_setting(settings, ADDR_SETTING))
+
     def admission(self, origin: str, exit_id: str, wait: float, rate: float | None,
                   limit: int | None, in_flight: int, scopes: list[str] | None = None) -> None:
         self.admitted.labels(exit_id).inc()
         self.wait.observe(wait)
         self._state(origin, exit_id, rate, limit, in_flight)
 
-    def response(self, origin: str, exit_id: str, status: int | None, signal: str | None,
-                 latency: float | None, rate: float | None, limit: int | None,
-                 in_flight: int) -> None:
+    def response(self, origin: str, exit_id: str, *, status: int | None, signal: str | None,
+                 latency: float | None = None, rate: float | None = None,
+                 limit: int | None = None, in_flight: int | None = None) -> None:
         self.responses.labels(exit_id, signal or "none").inc()
         if latency is not None:
             self.latency.labels(exit_id).observe(latency)
@@ -105,9 +104,10 @@ class PrometheusMetrics:
             server.server_close()
 
     def _state(self, origin: str, exit_id: str, rate: float | None, limit: int | None,
-               in_flight: int) -> None:
+               in_flight: int | None) -> None:
         if rate is not None:
             self.pair_rate.labels(origin, exit_id).set(rate)
         if limit is not None:
             self.limit.labels(exit_id).set(limit)
-        self.in_flight.labels(exit_id).set(in_flight)
+        if in_flight is not None:
+            self.in_flight.labels(exit_id).set(in_flight)

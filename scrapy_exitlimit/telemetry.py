@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from .config import read_setting
+
 SETTING = "EXITLIMIT_TELEMETRY"
 #: the record kinds, as written in ``ev``
 ADMIT, RESPONSE, ADJUST = "admit", "response", "adjust"
@@ -81,19 +83,21 @@ class Telemetry:
         self.records = 0
 
     @classmethod
-    def from_settings(cls, settings: Any, **kwargs: Any) -> Telemetry | None:
-        """None when ``EXITLIMIT_TELEMETRY`` is unset or empty; ValueError for a bad path."""
-        value = settings.get(SETTING)
-        if value is None or value == "":
+    def open(cls, path: Path | None, **kwargs: Any) -> Telemetry | None:
+        """A telemetry file at ``path`` (``ExitLimitConfig.telemetry``), None for None;
+        ValueError naming the setting when it cannot be written."""
+        if path is None:
             return None
-        if not isinstance(value, (str, Path)):
-            raise ValueError(f"{SETTING} must be a file path, got {type(value).__name__}")
-        path = Path(value).expanduser()
         try:
             return cls(path, **kwargs)
         except OSError as exc:
-            raise ValueError(f"{SETTING} ({str(value)!r}) cannot be written: "
+            raise ValueError(f"{SETTING} ({str(path)!r}) cannot be written: "
                              f"{exc.strerror or exc}") from None
+
+    @classmethod
+    def from_settings(cls, settings: Any, **kwargs: Any) -> Telemetry | None:
+        """None when ``EXITLIMIT_TELEMETRY`` is unset or empty; ValueError for a bad path."""
+        return cls.open(read_setting(settings, SETTING), **kwargs)
 
     def __repr__(self) -> str:
         state = "closed" if self._file is None else f"{self.records} records"
@@ -121,9 +125,9 @@ class Telemetry:
             line = f'{line[:-2]},"scopes":[{",".join(q(s) for s in scopes)}]}}\n'
         self._write(line, t)
 
-    def response(self, origin: str, exit_id: str, status: int | None, signal: str | None,
-                 latency: float | None, rate: float | None, limit: int | None,
-                 in_flight: int) -> None:
+    def response(self, origin: str, exit_id: str, *, status: int | None, signal: str | None,
+                 latency: float | None = None, rate: float | None = None,
+                 limit: int | None = None, in_flight: int | None = None) -> None:
         """An answer came back (``status`` None for a download error), and what it meant
         (``signal``, e.g. ``"ok"``, ``"rate_limited"``); ``latency`` in seconds since
         admission; ``rate``/``limit``/``in_flight`` as after the answer was taken in."""

@@ -4,12 +4,31 @@ import os
 import tempfile
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.internal.conjecture import engine as _hypothesis_engine
 
 from .redis_server import RedisClusterServer, RedisServer, redis_binary, redis_cli
 
 # the exit id key file (config.id_key) of the test run, not the user's: subprocesses
 # inherit it, so their ids agree with this process's
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="exitlimit-tests-")
+
+#: seconds Hypothesis may spend shrinking one failure. The run's per-test timeout
+#: (setup.cfg, 120 s) kills the whole session, with no example and no summary, so a
+#: failing property must finish shrinking well before it: generation (max_examples) plus
+#: this stays under it. Hypothesis's own limit is 300 s and not a setting: the module
+#: constant is its one knob (read each time shrinking starts); without it, shrinking
+#: still stops after MAX_SHRINKS successful steps.
+SHRINK_SECONDS = 45
+if hasattr(_hypothesis_engine, "MAX_SHRINKING_SECONDS"):
+    _hypothesis_engine.MAX_SHRINKING_SECONDS = SHRINK_SECONDS
+
+# the defaults of every property test (a test's own @settings adds to them): no example
+# database (nothing written into the work tree), no deadline (a loaded machine is not a
+# bug), and the failing example printed in a form that can be pasted back (@reproduce_failure)
+settings.register_profile("exitlimit", database=None, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "exitlimit"))
 
 
 class FakeClock:

@@ -5,6 +5,7 @@ from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
+from scrapy_exitlimit._compat import apply_settings
 from scrapy_exitlimit.addon import (
     MIDDLEWARE,
     MIDDLEWARE_ORDER,
@@ -24,7 +25,7 @@ class MyMiddleware:
 
 def settings_after_addons(**values):
     crawler = get_crawler(settings_dict={"ADDONS": {"scrapy_exitlimit.Addon": 100}, **values})
-    crawler._apply_settings()
+    apply_settings(crawler)
     return crawler.settings
 
 
@@ -56,7 +57,7 @@ def test_exits_from_spider_custom_settings_are_seen():
         custom_settings = {"EXITLIMIT_EXITS": EXITS[:2]}
 
     crawler = get_crawler(S, {"ADDONS": {"scrapy_exitlimit.Addon": 100}})
-    crawler._apply_settings()
+    apply_settings(crawler)
     assert crawler.settings.getint("CONCURRENT_REQUESTS") == 2 * 8 + 16
 
 
@@ -167,7 +168,7 @@ def test_without_the_addon_the_middleware_works_and_warns_with_the_numbers(caplo
 
     crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS,
                                          "DOWNLOADER_MIDDLEWARES": {MIDDLEWARE: 585}})
-    crawler._apply_settings()
+    apply_settings(crawler)
     with caplog.at_level(logging.WARNING):
         check_wiring(crawler, len(EXITS), 8)
     text = caplog.text
@@ -177,7 +178,7 @@ def test_without_the_addon_the_middleware_works_and_warns_with_the_numbers(caplo
     caplog.clear()
     crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS,
                                          "ADDONS": {"scrapy_exitlimit.Addon": 100}})
-    crawler._apply_settings()
+    apply_settings(crawler)
     with caplog.at_level(logging.WARNING):
         check_wiring(crawler, len(EXITS), 8)
     assert caplog.text == ""

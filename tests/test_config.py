@@ -15,7 +15,7 @@ def test_defaults():
     c = config()
     assert [e.id for e in c.exits][0] == "127.0.0.1:9000"
     assert "secret" not in c.exits[1].id
-    assert c.limits.rate is None and not c.rate_given  # learned
+    assert c.limits.rate is None  # learned
     assert c.limits.burst == 1 and c.limits.concurrency == 8 and c.limits.origin_rate is None
     assert c.max_retries == 8 and c.stall_timeout == 120.0
     assert c.tuning.start_rate == 2.0 and c.tuning.breaker_after == 5
@@ -25,7 +25,7 @@ def test_values_are_read():
     c = config(EXITLIMIT_RATE="5", EXITLIMIT_BURST=2, EXITLIMIT_CONCURRENCY=8,
                EXITLIMIT_ORIGIN_RATE=20, EXITLIMIT_MAX_RETRIES=0, EXITLIMIT_JITTER=0.2)
     assert (c.limits.rate, c.limits.burst, c.limits.concurrency) == (5.0, 2, 8)
-    assert c.limits.origin_rate == 20.0 and c.rate_given and c.max_retries == 0
+    assert c.limits.origin_rate == 20.0 and c.limits.rate is not None and c.max_retries == 0
     assert c.tuning.jitter == 0.2
 
 
@@ -202,3 +202,36 @@ def test_a_bad_policy_names_the_setting(policy):
     crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS, "EXITLIMIT_POLICY": policy})
     with pytest.raises(ValueError, match="EXITLIMIT_POLICY"):
         ExitLimitMiddleware.from_crawler(crawler)
+
+
+def test_each_default_is_written_once_and_the_readme_agrees():
+    """The settings table takes its defaults from the core (Limits, Tuning, ExitHealth,
+    CRAWL_TUNING); the README's settings table shows the same numbers."""
+    import re
+    from pathlib import Path
+
+    from scrapy.settings import Settings
+
+    from scrapy_exitlimit import config as config_module
+    from scrapy_exitlimit.core import Limits, Tuning
+    from scrapy_exitlimit.core.health import ExitHealth
+    from scrapy_exitlimit.core.limits import CRAWL_TUNING
+
+    c = ExitLimitConfig.from_settings(Settings({"EXITLIMIT_EXITS": ["http://127.0.0.1:1"]}))
+    assert c.tuning.margin == CRAWL_TUNING["margin"] and c.tuning.jitter == CRAWL_TUNING["jitter"]
+    assert (c.tuning.evict_after, c.tuning.reanimate_after) == (
+        Tuning().evict_after, Tuning().reanimate_after) == (
+        ExitHealth().evict_after, ExitHealth().backoff)
+    assert c.limits.concurrency == Limits().concurrency and c.redis_timeout == 1.0
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    shown = {}
+    for names, defaults in re.findall(r"^\| (`EXITLIMIT_[^|]+) \| ([^|]+) \|", readme, re.M):
+        for name, default in zip(re.findall(r"`(EXITLIMIT_\w+)`", names),
+                                 re.findall(r"`([^`]+)`|unset|—", defaults), strict=False):
+            shown[name] = default
+    checked = 0
+    for name, (_, _, _, _, default) in config_module._NUMBERS.items():
+        if default is not None and shown.get(name):
+            assert float(shown[name]) == default, (name, shown[name], default)
+            checked += 1
+    assert checked >= 15, checked

@@ -57,13 +57,6 @@ def test_hold_until_never_moves_earlier():
     assert b.ready_at(0.0) == pytest.approx(10.0)
 
 
-def test_refund_returns_the_token():
-    b = TokenBucket(rate=4, burst=1)
-    b.consume(1.0)
-    b.refund()
-    assert b.ready_at(1.0) == 1.0
-
-
 def test_set_rate_keeps_position():
     b = TokenBucket(rate=1, burst=1)
     b.consume(0.0)

@@ -8,7 +8,6 @@ from scrapy.http import Headers
 from scrapy_exitlimit.core.ratelimit_headers import (
     RATELIMIT_HEADERS,
     Quota,
-    pacing_rate,
     parse_ratelimit,
 )
 
@@ -336,23 +335,20 @@ def test_garbage_fields_become_none(headers, expected):
 
 
 @pytest.mark.parametrize(
-    ("quota", "rate", "pacing"),
+    ("quota", "rate"),
     [
-        (q(100, 10, 50, 5), 10.0, 10.0),  # the policy wins over remaining/reset
-        (q(5000, 86400, 9, 1), 5000 / 86400, 5000 / 86400),
-        (q(5000, None, 4999, 600), None, 4999 / 600),
-        (q(10, None, 0, 10), None, 0.0),  # exhausted: wait for the reset
-        (q(10, None, 5, 0), None, None),  # reset now: nothing to spread over
-        (q(10, None, 5, None), None, None),
-        (q(None, 60, 5, 10), None, 0.5),
-        (q(0, 60, 5, 10), None, 0.5),  # a zero limit is no rate to pace at
-        (q(10, 0), None, None),
-        (q(), None, None),
+        (q(100, 10, 50, 5), 10.0),  # the stated policy, whatever remains
+        (q(5000, 86400, 9, 1), 5000 / 86400),
+        (q(5000, None, 4999, 600), None),  # no window: no policy rate
+        (q(10, None, 0, 10), None),
+        (q(None, 60, 5, 10), None),
+        (q(0, 60, 5, 10), None),  # a zero limit is no rate to pace at
+        (q(10, 0), None),
+        (q(), None),
     ],
 )
-def test_rate_and_pacing(quota, rate, pacing):
+def test_rate(quota, rate):
     assert quota.rate == (None if rate is None else pytest.approx(rate))
-    assert pacing_rate(quota) == (None if pacing is None else pytest.approx(pacing))
 
 
 def test_rate_from_parsed_headers():
@@ -386,7 +382,6 @@ def test_arbitrary_text_never_raises(values, now):
     for value in (quota.limit, quota.window, quota.remaining, quota.reset):
         assert _finite_or_none(value)
     assert _finite_or_none(quota.rate)
-    assert _finite_or_none(pacing_rate(quota))
 
 
 def _x_headers(limit, remaining, reset):

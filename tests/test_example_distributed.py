@@ -7,6 +7,7 @@ import io
 import runpy
 from pathlib import Path
 
+from .crawling import CALLBACK_DELAY
 from .redis_server import redis_binary
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "example_project"
@@ -51,7 +52,8 @@ def test_two_processes_share_the_crawl_each_page_once_within_the_exits_limits(tm
     assert result["total"] == pages and result["fetched"] == pages, report
     assert all(n > 0 for n in result["items"]), report  # both took part
     assert result["concurrent_requests"] == [8, 8], report
-    assert result["rejected"] <= 0.02 * (result["fetched"] + result["rejected"]), report
+    allowed = 2 if CALLBACK_DELAY else 0.02 * (result["fetched"] + result["rejected"])
+    assert result["rejected"] <= allowed, report
     assert runner.ok(result)
     assert "all exits" in report and f"total:   {pages:>6}" in report
 
@@ -61,7 +63,8 @@ def test_the_single_process_project_needs_no_scrapy_redis(monkeypatch):
     import importlib
     import sys
 
-    from scrapy.utils.misc import walk_modules_iter
+    from scrapy.settings import Settings
+    from scrapy.spiderloader import SpiderLoader
 
     monkeypatch.syspath_prepend(str(EXAMPLE))
     monkeypatch.setitem(sys.modules, "scrapy_redis", None)  # import scrapy_redis fails
@@ -69,6 +72,7 @@ def test_the_single_process_project_needs_no_scrapy_redis(monkeypatch):
     for name in [m for m in sys.modules if m == "example" or m.startswith("example.")]:
         monkeypatch.delitem(sys.modules, name)
     settings = importlib.import_module("example.settings")
-    spiders = [m for module in settings.SPIDER_MODULES for m in walk_modules_iter(module)]
     assert "example.distributed" not in settings.SPIDER_MODULES
-    assert any(m.__name__ == "example.spiders.lab" for m in spiders)
+    # every spider module imports (SpiderLoader raises otherwise), the lab spider among them
+    loader = SpiderLoader.from_settings(Settings({"SPIDER_MODULES": settings.SPIDER_MODULES}))
+    assert "lab" in loader.list()

@@ -295,3 +295,27 @@ async def test_a_truncated_answer_kept_by_fail_on_dataloss_false_is_a_proxy_faul
     stats = assert_accounted(crawler, 30, caplog)
     assert lab.proxies[1].resets >= 1
     assert stats.get("exitlimit/proxy_fault", 0) == lab.proxies[1].resets
+
+
+def test_the_lab_spider_counts_a_cut_off_response_that_arrives_unwrapped():
+    """Before Scrapy 2.15 a Twisted ResponseFailed reaches the errback as it is, with
+    Twisted's own response (``code``, no ``status``): still a failure with a reason."""
+    import scrapy
+    from twisted.internet.error import ConnectionLost
+    from twisted.python.failure import Failure
+    from twisted.web.client import ResponseFailed
+
+    from scrapy_exitlimit.lab.spider import PagesSpider
+
+    class TwistedResponse:
+        code = 200
+
+    spider = PagesSpider(base="http://127.0.0.1:1", pages=2)
+    for url, exc in [("http://127.0.0.1:1/page/0",
+                      ResponseFailed([Failure(ConnectionLost())], TwistedResponse())),
+                     ("http://127.0.0.1:1/page/1", ConnectionLost())]:
+        failure = Failure(exc)
+        failure.request = scrapy.Request(url)
+        spider.error(failure)
+    assert set(spider.failed) == {"http://127.0.0.1:1/page/0", "http://127.0.0.1:1/page/1"}
+    assert "ResponseFailed" in spider.failed["http://127.0.0.1:1/page/0"]

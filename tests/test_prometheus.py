@@ -27,11 +27,13 @@ def test_metrics_follow_the_calls():
                rate=3.5, limit=4, in_flight=2)
     m.response("https://a.com", "p1:8000", status=None, signal="proxy_fault", latency=None,
                rate=None, limit=2, in_flight=1)
+    # a proxy fault as the middleware reports it: no latency, no state to show
+    m.response("https://a.com", "p1:8000", status=None, signal="proxy_fault")
     m.events([Event("rate_down", "https://a.com", "p1:8000", "5 -> 3.5")])
     m.close()
     assert value(m, "exitlimit_admitted_total", exit="p1:8000") == 2
     assert value(m, "exitlimit_responses_total", exit="p1:8000", signal="rate_limited") == 1
-    assert value(m, "exitlimit_responses_total", exit="p1:8000", signal="proxy_fault") == 1
+    assert value(m, "exitlimit_responses_total", exit="p1:8000", signal="proxy_fault") == 2
     assert value(m, "exitlimit_adjustments_total", kind="rate_down") == 1
     assert value(m, "exitlimit_wait_seconds_count") == 2
     assert value(m, "exitlimit_latency_seconds_count", exit="p1:8000") == 1

@@ -333,8 +333,11 @@ def test_three_processes_share_their_exits_within_the_limit(redis_url):
     assert [r["ok"] for r in results] == [40, 40, 40], [
         (r["finish_reason"], dict(list(r["failed"].items())[:3]), r["exitlimit"], log[-2000:])
         for r, log in zip(results, logs, strict=True)]
-    # unshared, three processes would each send the full rate: 3x the limit
-    assert origin["totals"]["status"].get("429", 0) == 0, origin["totals"]
+    # unshared, three processes would each send the full rate: 3x the limit, answered by
+    # dozens of 429s. Shared and paced at 9 of 10 r/s, a send a loaded machine delays can
+    # land one request close behind another now and then (seen: 1, on 4 of ~10 full runs
+    # with other suites running beside it), as in test_two_crawls_at_once_share_each_pairs_rate
+    assert origin["totals"]["status"].get("429", 0) <= 2, origin["totals"]
     assert all(r["exitlimit"]["exitlimit/redis_round_trips"] > 0 for r in results)
 
 

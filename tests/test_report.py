@@ -96,19 +96,22 @@ def troubled_pool(path: Path, clean: int = 8) -> Path:
     for step in range(40):
         for i in range(clean):
             tel.admission(o, f"busy{i}:1", wait=0, rate=5.0, limit=4, in_flight=1)
-            tel.response(o, f"busy{i}:1", 200, "ok", 0.05, 5.0, 4, 0)
+            tel.response(o, f"busy{i}:1", status=200, signal="ok", latency=0.05, rate=5.0,
+                             limit=4, in_flight=0)
         if step == 0:
             tel.admission(o, "banned:1", wait=0, rate=2.0, limit=2, in_flight=1)
-            tel.response(o, "banned:1", 403, "banned", 0.05, 2.0, 2, 0)
+            tel.response(o, "banned:1", status=403, signal="banned", latency=0.05, rate=2.0,
+                         limit=2, in_flight=0)
             tel.adjustment("pair_banned", o, "banned:1", "300 s")
         if step < 3:
             tel.admission(o, "dead:1", wait=0, rate=2.0, limit=2, in_flight=1)
-            tel.response(o, "dead:1", None, "proxy_fault", None, None, None, None)
+            tel.response(o, "dead:1", status=None, signal="proxy_fault")
             if step == 2:
                 tel.adjustment("evicted", o, "dead:1", "3 faults")
         if step % 4 == 0:
             tel.admission(o, "slow:1", wait=0, rate=1.0, limit=2, in_flight=1)
-            tel.response(o, "slow:1", 429, "rate_limited", 0.05, 1.0, 2, 0)
+            tel.response(o, "slow:1", status=429, signal="rate_limited", latency=0.05, rate=1.0,
+                         limit=2, in_flight=0)
             if step == 20:
                 tel.adjustment("breaker_open", o, "slow:1", "5 in a row")
         clock.advance(0.25)

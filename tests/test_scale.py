@@ -106,4 +106,8 @@ async def test_a_crawl_through_a_large_pool_of_gateway_sessions():
     limiter = crawler.exitlimit.backend.limiter
     (ostate,) = limiter.origins.values()
     assert len(limiter.exits) == 300 and ostate.search.queued  # the heap search ran
-    assert len({ex for ex in crawler.spider.ok}) == 60
+    # late binding spread the pages over the sessions (the proxy saw their credentials):
+    # a ready exit is chosen each time, never one session for everything (14-17 here;
+    # how many depends on how fast answers come back, so the bound is loose)
+    sessions = {auth for _, auth in lab.proxies[0].seen_auth}
+    assert None not in sessions and len(sessions) >= 5, len(sessions)

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
+from ..config import read_setting
 from ..core import Candidate, Event, Lease
 from ..core.changes import ExitEvicted, Feedback, Hold, OriginHeld, PairHeld
 from ..core.limiter import INDEX_ABOVE
@@ -117,7 +118,6 @@ LEARN_CHECK_PAIRS = 200
 HOLD_FIELDS = {Hold.COOLDOWN: "cool", Hold.BAN: "ban"}
 #: how often the learned state of the origins in use is kept alive in Redis (seconds)
 LEARN_TOUCH = 60.0
-ON_ERROR = ("local", "pause")
 #: scrapy-redis settings -> redis-py arguments
 _SCRAPY_REDIS = {"REDIS_HOST": "host", "REDIS_PORT": "port", "REDIS_DB": "db"}
 
@@ -126,20 +126,22 @@ class RedisUnavailable(RuntimeError):
     """Redis could not be reached when the crawl started."""
 
 
-def redis_settings(settings: Any) -> tuple[str | None, dict[str, Any], str]:
+def redis_settings(settings: Any, timeout: float | None = None
+                   ) -> tuple[str | None, dict[str, Any], str]:
     """(url, client arguments, where they came from), from EXITLIMIT_REDIS_URL or
-    scrapy-redis's REDIS_URL / REDIS_HOST / REDIS_PORT / REDIS_DB / REDIS_PARAMS."""
+    scrapy-redis's REDIS_URL / REDIS_HOST / REDIS_PORT / REDIS_DB / REDIS_PARAMS; every
+    call times out after ``timeout`` (ExitLimitConfig.redis_timeout; None: the setting's)."""
     params = dict(settings.getdict("REDIS_PARAMS"))
     params.pop("redis_cls", None)
     for name, arg in _SCRAPY_REDIS.items():
         if settings.get(name):
             params[arg] = settings.get(name)
-    url = settings.get("EXITLIMIT_REDIS_URL") or settings.get("REDIS_URL")
-    source = ("EXITLIMIT_REDIS_URL" if settings.get("EXITLIMIT_REDIS_URL")
+    own = read_setting(settings, "EXITLIMIT_REDIS_URL")
+    url = own or settings.get("REDIS_URL")
+    source = ("EXITLIMIT_REDIS_URL" if own
               else "REDIS_URL" if url else "REDIS_HOST/REDIS_PORT" if params else "defaults")
-    timeout = float(settings.get("EXITLIMIT_REDIS_TIMEOUT") or 1.0)
-    if not timeout > 0:
-        raise ValueError("EXITLIMIT_REDIS_TIMEOUT must be > 0")
+    if timeout is None:
+        timeout = read_setting(settings, "EXITLIMIT_REDIS_TIMEOUT")
     # a dead Redis must not stall admissions for scrapy-redis's 30 s default
     params["socket_timeout"] = params["socket_connect_timeout"] = timeout
     params.pop("retry_on_timeout", None)
@@ -163,15 +165,9 @@ class RedisBackend(Backend):
         self._offset = time.time() - time.monotonic()
         self._last_now = -math.inf
         super().__init__(config)
-        self.url, self.params, self.source = redis_settings(settings)
-        self.prefix = str(settings.get("EXITLIMIT_REDIS_PREFIX") or "exitlimit")
-        if "{" in self.prefix or "}" in self.prefix:
-            raise ValueError(f"EXITLIMIT_REDIS_PREFIX ({self.prefix!r}) must not contain braces: "
-                             "it becomes the keys' hash tag")
-        self.on_error = str(settings.get("EXITLIMIT_REDIS_ON_ERROR") or "local")
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"EXITLIMIT_REDIS_ON_ERROR ({self.on_error!r}) must be one of "
-                             f"{', '.join(ON_ERROR)}")
+        self.url, self.params, self.source = redis_settings(settings, config.redis_timeout)
+        self.prefix = config.redis_prefix
+        self.on_error = config.redis_on_error
         self.process_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.shared = True
         self.processes = 1

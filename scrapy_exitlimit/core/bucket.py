@@ -61,10 +61,6 @@ class TokenBucket:
         """Take one token; the caller has checked ``ready_at(now) <= now``."""
         self.tat = max(self.tat, now) + self._interval
 
-    def refund(self) -> None:
-        """Give back the last token taken (a request that was never sent)."""
-        self.tat -= self._interval
-
     def arrived(self, when: float) -> None:
         """A request reached the server as late as ``when``: the next one is one interval on."""
         self.tat = max(self.tat, when + self._interval)

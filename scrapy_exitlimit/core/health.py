@@ -66,12 +66,18 @@ class ConcurrencyLimit:
         return changed
 
 
+#: consecutive proxy faults that evict an exit, and seconds before its first probe
+#: (EXITLIMIT_EVICT_AFTER, EXITLIMIT_REANIMATE_AFTER; Tuning's defaults too)
+EVICT_AFTER = 3
+REANIMATE_AFTER = 10.0
+
+
 @dataclass
 class ExitHealth:
     """Consecutive proxy faults evict an exit; it comes back through a single probe."""
 
-    evict_after: int = 3
-    backoff: float = 10.0
+    evict_after: int = EVICT_AFTER
+    backoff: float = REANIMATE_AFTER
     max_backoff: float = 300.0
     faults: int = 0
     dead_until: float = -math.inf

@@ -32,6 +32,7 @@ from .bucket import TokenBucket
 from .changes import Feedback
 from .exits import Exit
 from .feedback import FeedbackLaws
+from .health import EVICT_AFTER, REANIMATE_AFTER
 from .leases import Lease, LeaseTable
 from .limits import Limits
 from .origin import OriginState
@@ -52,7 +53,8 @@ INDEX_ABOVE = 64
 
 @dataclass
 class Tuning:
-    """Knobs of the control laws (settings map onto these)."""
+    """Knobs of the control laws (settings map onto these). No margin and no jitter by
+    default: exact arithmetic; a crawl's are ``limits.CRAWL_TUNING``."""
 
     margin: float = 0.0
     jitter: float = 0.0
@@ -62,8 +64,8 @@ class Tuning:
     breaker_after: int = 5
     breaker_cooldown: float = 30.0
     ban_cooldown: float = 300.0
-    evict_after: int = 3
-    reanimate_after: float = 10.0
+    evict_after: int = EVICT_AFTER
+    reanimate_after: float = REANIMATE_AFTER
     overload_backoff: float = 0.5
 
 

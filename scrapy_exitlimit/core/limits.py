@@ -6,6 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+#: what a crawl adds to the core's exact arithmetic (the defaults of EXITLIMIT_SAFETY_MARGIN
+#: and EXITLIMIT_JITTER, and the simulator's): seconds added to every pair interval, and
+#: the stretch of a cooldown. Tuning itself defaults to none of either, so its laws are
+#: plain arithmetic on a fake clock.
+CRAWL_TUNING = {"margin": 0.005, "jitter": 0.1}
+
 
 @dataclass(frozen=True)
 class PairLimits:

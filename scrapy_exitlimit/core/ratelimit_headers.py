@@ -7,15 +7,15 @@ because a server's bad header must not take down the crawl.
 
 from __future__ import annotations
 
-import calendar
 import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from email.utils import parsedate_tz
 from typing import Any
 
-__all__ = ["RATELIMIT_HEADERS", "Quota", "QuotaWindows", "pacing_rate", "parse_ratelimit"]
+from .retry_after import parse_http_date
+
+__all__ = ["RATELIMIT_HEADERS", "Quota", "QuotaWindows", "parse_ratelimit"]
 
 # Every header name this module reads, in its usual spelling.
 RATELIMIT_HEADERS: tuple[str, ...] = (
@@ -77,23 +77,6 @@ class Quota:
         if not (self.limit > 0 and self.window > 0):
             return None
         return _finite(self.limit / self.window)
-
-
-def pacing_rate(quota: Quota) -> float | None:
-    """The request rate (per second) to pace at so the quota lasts until it resets.
-
-    The stated policy rate (``quota.rate``) wins when known: a server that announces
-    its steady policy is best paced at that policy, and it does not swing with every
-    response the way ``remaining / reset`` does. Otherwise ``remaining / reset`` when
-    both are known and ``reset > 0`` (0 remaining gives 0.0: wait for the reset).
-    Otherwise None: nothing to pace by.
-    """
-    rate = quota.rate
-    if rate is not None:
-        return rate
-    if quota.remaining is None or quota.reset is None or not quota.reset > 0:
-        return None
-    return _finite(quota.remaining / quota.reset)
 
 
 class QuotaWindows:
@@ -309,7 +292,7 @@ def _reset(text: str | None, now: float) -> float | None:
     value = _scalar(text)
     if value is not None and value <= _EPOCH_THRESHOLD:
         return value
-    when = value if value is not None else _http_date(text)
+    when = value if value is not None else parse_http_date(text)
     if when is None:
         return None
     try:
@@ -317,17 +300,6 @@ def _reset(text: str | None, now: float) -> float | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return None if math.isnan(delta) else _finite(max(delta, 0.0))
-
-
-def _http_date(text: str) -> float | None:
-    """Some servers send X-Rate-Limit-Reset as an HTTP-date; Unix time, else None."""
-    try:
-        parts = parsedate_tz(text.strip())
-        if parts is None:
-            return None
-        return float(calendar.timegm(parts[:9]) - (parts[9] or 0))
-    except Exception:  # email.utils is lenient but not guaranteed never to raise
-        return None
 
 
 def _first_of(*values: float | None) -> float | None:

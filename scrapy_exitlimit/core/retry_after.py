@@ -5,22 +5,8 @@ from __future__ import annotations
 import calendar
 import math
 import re
+from email.utils import parsedate_tz
 
-_MONTHS = {
-    m: i
-    for i, m in enumerate(
-        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1
-    )
-}
-_TIME = r"(\d{1,2}):(\d{2}):(\d{2})"
-# IMF-fixdate: Sun, 06 Nov 1994 08:49:37 GMT
-_IMF = re.compile(
-    r"^[a-z]{3},\s*(\d{1,2})\s+([a-z]{3})\s+(\d{4})\s+" + _TIME + r"\s*(gmt|utc|ut|z)?$"
-)
-# obsolete RFC 850: Sunday, 06-Nov-94 08:49:37 GMT
-_RFC850 = re.compile(r"^[a-z]+,\s*(\d{1,2})-([a-z]{3})-(\d{2,4})\s+" + _TIME + r"\s*(gmt|utc)?$")
-# obsolete asctime: Sun Nov  6 08:49:37 1994
-_ASCTIME = re.compile(r"^[a-z]{3}\s+([a-z]{3})\s+(\d{1,2})\s+" + _TIME + r"\s+(\d{4})$")
 _DELTA = re.compile(r"^\+?(\d+(?:\.\d+)?)$")
 
 
@@ -32,32 +18,29 @@ def _text(value: str | bytes | None) -> str:
     return value.strip().lower()
 
 
-def _timestamp(year: int, month: str, day: int, hh: int, mm: int, ss: int) -> float | None:
-    mon = _MONTHS.get(month)
-    if mon is None or not (1 <= day <= 31 and hh <= 23 and mm <= 59 and ss <= 60):
+def parse_http_date(value: str | bytes | None) -> float | None:
+    """An HTTP-date in any of its three RFC 9110 forms (IMF-fixdate, RFC 850, asctime) as
+    a Unix timestamp, else None.
+
+    The standard library's ``email.utils`` reads all three (a two-digit year is taken as
+    19xx from 69 on, else 20xx); a field out of range (the 32nd, hour 25) is refused here
+    rather than rolled over into the next day.
+    """
+    text = _text(value)
+    if not text:
         return None
     try:
-        return float(calendar.timegm((year, mon, day, hh, mm, min(ss, 59), 0, 0, 0)))
-    except (ValueError, OverflowError):
+        parts = parsedate_tz(text)
+        if parts is None:
+            return None
+        year, month, day, hh, mm, ss = parts[:6]
+        if not (1 <= day <= calendar.monthrange(year, month)[1] and 0 <= hh <= 23
+                and 0 <= mm <= 59 and 0 <= ss <= 60):
+            return None
+        stamp = calendar.timegm((year, month, day, hh, mm, min(ss, 59), 0, 0, 0))
+        return float(stamp - (parts[9] or 0))
+    except Exception:  # email.utils is lenient, but not promised never to raise
         return None
-
-
-def parse_http_date(value: str | bytes | None) -> float | None:
-    """An HTTP-date in any of its three RFC 9110 forms as a Unix timestamp, else None."""
-    text = _text(value)
-    if m := _IMF.match(text):
-        day, mon, year, hh, mm, ss = m.groups()[:6]
-        return _timestamp(int(year), mon, int(day), int(hh), int(mm), int(ss))
-    if m := _RFC850.match(text):
-        day, mon, year, hh, mm, ss = m.groups()[:6]
-        y = int(year)
-        if y < 100:  # RFC 9110: a two-digit year more than 50 years ahead is in the past
-            y += 2000 if y < 70 else 1900
-        return _timestamp(y, mon, int(day), int(hh), int(mm), int(ss))
-    if m := _ASCTIME.match(text):
-        mon, day, hh, mm, ss, year = m.groups()
-        return _timestamp(int(year), mon, int(day), int(hh), int(mm), int(ss))
-    return None
 
 
 def parse_retry_after(

@@ -72,6 +72,9 @@ class PagesSpider(scrapy.Spider):
 
     def error(self, failure):
         self._last = time.monotonic()
+        # HttpError carries Scrapy's response; before Scrapy 2.15 a Twisted ResponseFailed
+        # arrives unwrapped, and its ``response`` is Twisted's (no ``status``)
         response = getattr(failure.value, "response", None)
-        reason = f"HTTP {response.status}" if response is not None else repr(failure.value)
+        reason = (f"HTTP {response.status}" if isinstance(response, scrapy.http.Response)
+                  else repr(failure.value))
         self.failed[failure.request.url] = reason

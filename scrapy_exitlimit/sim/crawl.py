@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import Lease, Limiter, Limits, Tuning, bounded_cooldown, make_exit
+from ..core.limits import CRAWL_TUNING
 from ..core.warm import recall, remember
 from .origins import OriginModel
 
 #: the middleware's defaults (EXITLIMIT_COOLDOWN_MIN / _DEFAULT / _MAX)
 COOLDOWN = {"floor": 0.5, "default": 2.0, "cap": 600.0}
 #: the settings' defaults for the control laws (EXITLIMIT_SAFETY_MARGIN, _JITTER)
-TUNING = {"margin": 0.005, "jitter": 0.1}
+TUNING = CRAWL_TUNING
 
 
 @dataclass

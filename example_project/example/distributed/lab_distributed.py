@@ -4,6 +4,7 @@ from scrapy import signals
 from scrapy_redis.spiders import RedisMixin
 
 from example.spiders.lab import LabSpider
+from scrapy_exitlimit._compat import set_idle_heartbeat
 
 #: seconds between looks at the shared queue while this process has nothing to do
 #: (Scrapy's engine looks every 5 s; here the work is fed by the other processes)
@@ -43,9 +44,9 @@ class LabDistributedSpider(RedisMixin, LabSpider):
         return spider
 
     def _engine_started(self):
-        # a private knob of Scrapy's engine, read as it starts: without it an idle process
-        # would look for the work the others queue only every 5 s
-        self.crawler.engine._SLOT_HEARTBEAT_INTERVAL = IDLE_POLL
+        # a private knob of Scrapy's engine (see scrapy_exitlimit._compat): without it an
+        # idle process would look for the work the others queue only every 5 s
+        set_idle_heartbeat(self.crawler, IDLE_POLL)
         self._active()
         self.logger.info("taking up to CONCURRENT_REQUESTS=%d requests from the shared queue; "
                          "closing after %s s idle", self.crawler.settings.getint(
