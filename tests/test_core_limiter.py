@@ -236,3 +236,44 @@ def test_timeouts_on_several_answering_exits_blame_the_origin_not_the_exits():
     kinds = [e.kind for _ in range(3)
              for e in lim.proxy_fault(None, exits[2].id, origin, timeout=True).events]
     assert "evicted" in kinds
+
+
+def _admit(lim, clock):
+    got = lim.try_admit(SITE)
+    while not isinstance(got, Lease):
+        assert math.isfinite(got), "only a release could help"
+        clock.now = got
+        got = lim.try_admit(SITE)
+    return got
+
+
+def test_429s_in_flight_together_are_one_event_and_a_retry_after_proven_short_doubles():
+    clock = FakeClock(0.0)
+    e = exits(1)
+    lim = Limiter(e, Limits(rate=100.0, concurrency=8), clock=clock,
+                  tuning=Tuning(breaker_after=4), rng=random.Random(1))
+    first = _admit(lim, clock)
+    lim.success(first, 0.001)
+    lim.release(first.id)
+    burst = [_admit(lim, clock) for _ in range(2)]  # two in flight, one 429 each
+    events = []
+    for lease in burst:
+        events += lim.rate_limited(SITE, lease.exit_id, 1.0, lease).events
+    pair = lim.pair_state(SITE, e[0].id)
+    assert "breaker_open" not in [ev.kind for ev in events]  # one event, not two
+    assert pair.tested_429 == 1
+    assert pair.cooldown_until == pytest.approx(clock.now + 1.0)
+    for lease in burst:
+        lim.release(lease.id)
+    waits = []
+    for _ in range(2):  # sent after the cooldown, refused again: "1 s" was too short
+        clock.now = pair.cooldown_until
+        lease = _admit(lim, clock)
+        lim.rate_limited(SITE, lease.exit_id, 1.0, lease)
+        waits.append(pair.cooldown_until - clock.now)
+        lim.release(lease.id)
+    assert waits == [pytest.approx(2.0), pytest.approx(4.0)]
+    clock.now = pair.cooldown_until
+    lease = _admit(lim, clock)
+    kinds = [ev.kind for ev in lim.rate_limited(SITE, lease.exit_id, 1.0, lease).events]
+    assert "breaker_open" in kinds  # the fourth 429 in a row that counts
