@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from importlib import resources
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -68,3 +69,16 @@ def redis_cluster():
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def lua_client(redis_server):
+    """A client of the session's redis-server, and exitlimit.lua registered on it."""
+    import redis
+
+    if redis_server.proc is None:  # (a test that stopped it)
+        redis_server.start()
+    lua = resources.files("scrapy_exitlimit.backends").joinpath("exitlimit.lua").read_text()
+    client = redis.Redis(port=redis_server.port, decode_responses=True)
+    yield client, client.register_script(lua)
+    client.close()

@@ -7,14 +7,9 @@ admissions, releases, cooldowns and bans with random pacing and lease limits.
 
 from __future__ import annotations
 
-from importlib import resources
-
-import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-LUA = resources.files("scrapy_exitlimit.backends").joinpath("exitlimit.lua").read_text()
 EXITS = ["a", "b", "c"]
 EPS = 1e-5  # the script keeps times to the microsecond
 
@@ -25,15 +20,6 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("hold"), st.sampled_from(EXITS), st.sampled_from(["cool", "ban"]),
               st.floats(0.0, 0.05)),
 ), min_size=1, max_size=40)
-
-
-@pytest.fixture(scope="module")
-def shared(redis_server):
-    if redis_server.proc is None:
-        redis_server.start()
-    client = redis.Redis(port=redis_server.port, decode_responses=True)
-    yield client, client.register_script(LUA)
-    client.close()
 
 
 class Pool:
@@ -103,8 +89,8 @@ RUNS = iter(range(10**9))
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.floats(0.0005, 0.05), st.integers(1, 3), st.integers(1, 3), ops)
-def test_script_keeps_rate_leases_and_cooldowns(shared, interval, burst, limit, steps):
-    client, script = shared
+def test_script_keeps_rate_leases_and_cooldowns(lua_client, interval, burst, limit, steps):
+    client, script = lua_client
     pool = Pool(client, script, next(RUNS), interval, burst, limit)
     for step in steps:
         if step[0] == "admit":

@@ -20,7 +20,6 @@ import random
 from importlib import resources
 
 import pytest
-import redis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -133,15 +132,6 @@ redis_ops = st.lists(st.one_of(
 ), min_size=1, max_size=40)
 
 
-@pytest.fixture(scope="module")
-def shared(redis_server):
-    if redis_server.proc is None:
-        redis_server.start()
-    client = redis.Redis(port=redis_server.port, decode_responses=True)
-    yield client, client.register_script(LUA)
-    client.close()
-
-
 RUNS = iter(range(10**9))
 
 
@@ -240,9 +230,9 @@ class ScriptPool:
 @given(st.floats(0.0005, 0.02), st.integers(1, 3), st.integers(1, 3),
        st.tuples(st.floats(0.0002, 0.01), st.integers(1, 2)),
        st.tuples(st.floats(0.0005, 0.03), st.integers(1, 3)), redis_ops)
-def test_redis_two_shared_budgets_are_granted_together(shared, interval, burst, limit, origin,
+def test_redis_two_shared_budgets_are_granted_together(lua_client, interval, burst, limit, origin,
                                                        acct, steps):
-    run_redis(*shared, interval, burst, limit, origin, acct, steps)
+    run_redis(*lua_client, interval, burst, limit, origin, acct, steps)
 
 
 def run_redis(client, script, interval, burst, limit, origin, acct, steps):
@@ -285,8 +275,8 @@ def test_a_take_that_is_not_atomic_fails_the_memory_property(monkeypatch):
 LUA_TAKE = "      b.tat = math.max(b.tat, at) + b.interval\n"
 
 
-def test_a_script_taking_more_than_it_grants_fails_the_redis_property(shared):
-    client, _ = shared
+def test_a_script_taking_more_than_it_grants_fails_the_redis_property(lua_client):
+    client, _ = lua_client
     assert LUA.count(LUA_TAKE) == 1
     script = client.register_script(LUA.replace(
         LUA_TAKE, "      b.tat = math.max(b.tat, at) + 2 * b.interval\n"))
