@@ -46,6 +46,33 @@ def test_a_configured_scope_spaces_requests_over_every_exit():
     assert isinstance(lim.try_admit(SITE, scopes=[acct]), Lease)
 
 
+def test_a_scope_re_anchors_on_its_first_answers_as_they_come():
+    """The first requests ride cold connections and may reach the server late; until a
+    few answers show what fast is, the next token is an interval after the answer (the
+    very first answer is its own fastest, which would put it back at its admission:
+    the lab's one 429 per crawl at a configured account rate)."""
+    clock = FakeClock(0.0)
+    lim = limiter(8, clock)
+    acct = Scope("scope~acct", rate=2.0)  # 0.51 s apart with the scope's margin
+    first = lim.try_admit(SITE, scopes=[acct])
+    assert isinstance(first, Lease)
+    clock.advance(0.2)  # a slow, cold answer
+    lim.release(first.id)
+    assert lim.try_admit(SITE, scopes=[acct]) == pytest.approx(0.71)
+    for _ in range(4):  # warm: answers 10 ms after admission
+        clock.advance(0.6)
+        lease = lim.try_admit(SITE, scopes=[acct])
+        assert isinstance(lease, Lease)
+        clock.advance(0.01)
+        lim.release(lease.id)
+    clock.advance(0.6)
+    late = lim.try_admit(SITE, scopes=[acct])
+    assert isinstance(late, Lease)
+    clock.advance(0.2)  # late, but the path takes 10 ms at least: it arrived by now - 0.01
+    lim.release(late.id)
+    assert lim.try_admit(SITE, scopes=[acct]) == pytest.approx(clock.now - 0.01 + 0.51)
+
+
 def test_a_request_waiting_for_one_budget_holds_none_of_the_others():
     clock = FakeClock(0.0)
     lim = limiter(2, clock)

@@ -41,8 +41,8 @@ What the sequences keep to, and why:
   (``scopes.SCOPE_SPREAD``), is a multiple of 1/64 s (2.04 r/s: 0.5 s); learning a
   scope's rate is the core's alone (the script is told it, as the site rate). A scoped
   lease's answered release re-anchors each scope as the Redis backend sends it: a
-  release of the same token onto the scope's key, with the scope's fastest answer as
-  the slack.
+  release of the same token onto the scope's key, with the scope's arrival slack (its
+  fastest answer, once warm) as the slack.
 """
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ class Run:
             for scope in lease.scopes:
                 state = core.scopes.states[scope.id]
                 keys += [self.key("lease", lease.exit_id), self.key("scope", scope.id)]
-                args += [token, 1, repr(state.fastest), repr(state.bucket.interval)]
+                args += [token, 1, repr(state.arrival_slack), repr(state.bucket.interval)]
         self.call(keys, args)
 
     def cool(self, index: int, seconds: float) -> None:

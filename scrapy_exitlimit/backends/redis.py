@@ -935,14 +935,14 @@ class RedisBackend(Backend):
                  repr(pair.bucket.interval))))
             if answered:
                 # each scope's next token an interval after the request surely arrived (the
-                # fastest answer before now, as ScopeState.answered): a release of the same
+                # scope's arrival slack, as ScopeState.answered): a release of the same
                 # token (given back already) re-anchors the scope's hash as a pair's
                 for scope in lease.scopes:
                     state = self.limiter.scopes.states.get(scope.id)
                     if state is not None and state.bucket is not None:
                         self._releases.append((
                             [lease_key, self._key("scope", scope.id)],
-                            (token, 1, now, state.fastest, repr(state.bucket.interval))))
+                            (token, 1, now, state.arrival_slack, repr(state.bucket.interval))))
             if self._flush_timer is None:
                 self._flush_timer = asyncio.get_running_loop().call_later(
                     RELEASE_DELAY, self._flush_releases)
