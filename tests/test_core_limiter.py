@@ -96,6 +96,31 @@ def test_origin_budget_caps_all_exits_together():
     assert isinstance(lim.try_admit(SITE), Lease)
 
 
+def test_origin_budget_re_anchors_on_when_requests_arrived():
+    """The origin's requests take many paths: one that reached the server late must not
+    bring the next (on another exit) too close. Until a few answers show what fast is, a
+    request arrived as late as its answer; then as late as its answer less the fastest."""
+    clock = FakeClock(0.0)
+    lim = limiter(10, clock, rate=100.0, origin_rate=2.0)
+    first = lim.try_admit(SITE)
+    assert isinstance(first, Lease)
+    clock.advance(0.2)  # a cold first request, answered late
+    lim.release(first.id)
+    assert lim.try_admit(SITE) == pytest.approx(0.7)  # not 0.5: an interval after 0.2
+    for _ in range(4):  # warm: answers 10 ms after admission
+        clock.advance(0.6)
+        lease = lim.try_admit(SITE)
+        assert isinstance(lease, Lease)
+        clock.advance(0.01)
+        lim.release(lease.id)
+    clock.advance(0.6)
+    late = lim.try_admit(SITE)
+    assert isinstance(late, Lease)
+    clock.advance(0.3)
+    lim.release(late.id)  # it arrived by now - 0.01 at the latest
+    assert lim.try_admit(SITE) == pytest.approx(clock.now - 0.01 + 0.5)
+
+
 def test_origin_override_and_exit_override_take_the_lower_rate():
     e = exits(2)
     limits = Limits(rate=5.0, origins={SITE: {"rate": 2.0}}, exits={e[1].id: {"rate": 1.0}})

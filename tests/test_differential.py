@@ -42,7 +42,7 @@ What the sequences keep to, and why:
   scope's rate is the core's alone (the script is told it, as the site rate). A scoped
   lease's answered release re-anchors each scope as the Redis backend sends it: a
   release of the same token onto the scope's key, with the scope's arrival slack (its
-  fastest answer, once warm) as the slack.
+  fastest answer, once warm) as the slack; so is the origin budget, when one paces.
 """
 
 from __future__ import annotations
@@ -295,11 +295,15 @@ class Run:
         token = self.tokens.pop(lease.id)
         keys = [self.key("lease", lease.exit_id), self.key("pair", ORIGIN, lease.pair)]
         args = ["release", token, 1 if answered else 0, repr(slack), repr(interval)]
-        if answered:  # each scope re-anchored, as RedisBackend.release sends it
-            for scope in lease.scopes:
-                state = core.scopes.states[scope.id]
-                keys += [self.key("lease", lease.exit_id), self.key("scope", scope.id)]
-                args += [token, 1, repr(state.arrival_slack), repr(state.bucket.interval)]
+        if answered:  # the origin budget and each scope re-anchored, as RedisBackend sends it
+            budget = core.origin_state(ORIGIN).budget
+            shared = [(self.key("origin", ORIGIN), budget.arrivals, budget.bucket)]
+            shared += [(self.key("scope", scope.id), core.scopes.states[scope.id].arrivals,
+                        core.scopes.states[scope.id].bucket) for scope in lease.scopes]
+            for key, arrivals, bucket in shared:
+                if bucket is not None:
+                    keys += [self.key("lease", lease.exit_id), key]
+                    args += [token, 1, repr(arrivals.slack), repr(bucket.interval)]
         self.call(keys, args)
 
     def cool(self, index: int, seconds: float) -> None:

@@ -26,7 +26,9 @@ FLOORS = {
     ("tighten", "known"): (0.77, 0.109),
     ("loosen", "learned"): (0.68, 0.018),
     ("loosen", "known"): (0.81, 0.001),
-    ("burst", "learned"): (0.84, 0.026),
+    # (seed 1 was 0.886 until the origin budget re-anchored on arrivals; seeds 2-5 give
+    # 0.73-0.78 before and after, and seed 1 now 0.80 with them)
+    ("burst", "learned"): (0.76, 0.035),
     ("burst", "known"): (0.94, 0.001),
     ("fixed-window", "learned"): (0.75, 0.126),
     ("fixed-window", "known"): (0.97, 0.001),

@@ -934,15 +934,20 @@ class RedisBackend(Backend):
                 (token, 1 if answered else 0, now, self.limiter.arrival_slack(pair),
                  repr(pair.bucket.interval))))
             if answered:
-                # each scope's next token an interval after the request surely arrived (the
-                # scope's arrival slack, as ScopeState.answered): a release of the same
-                # token (given back already) re-anchors the scope's hash as a pair's
+                # the origin budget's and each scope's next token an interval after the
+                # request surely arrived (``bucket.ArrivalFloor``): a release of the same
+                # token (given back already) re-anchors their hashes as a pair's
+                budget = self.limiter.origin_state(lease.origin).budget
+                shared = [(self._key("origin", lease.origin), budget.arrivals, budget.bucket)]
                 for scope in lease.scopes:
                     state = self.limiter.scopes.states.get(scope.id)
-                    if state is not None and state.bucket is not None:
-                        self._releases.append((
-                            [lease_key, self._key("scope", scope.id)],
-                            (token, 1, now, state.arrival_slack, repr(state.bucket.interval))))
+                    if state is not None:
+                        shared.append((self._key("scope", scope.id), state.arrivals,
+                                       state.bucket))
+                for key, arrivals, bucket in shared:
+                    if bucket is not None:
+                        self._releases.append(([lease_key, key], (
+                            token, 1, now, arrivals.slack, repr(bucket.interval))))
             if self._flush_timer is None:
                 self._flush_timer = asyncio.get_running_loop().call_later(
                     RELEASE_DELAY, self._flush_releases)

@@ -71,3 +71,35 @@ class TokenBucket:
 
     def __repr__(self) -> str:
         return f"TokenBucket(rate={self.rate:g}, burst={self.burst}, tat={self.tat:.3f})"
+
+
+#: answers a budget (or a pair, ``pair.py``) needs before its fastest answer is trusted
+#: to bound when its requests reached the server
+WARM_ANSWERS = 3
+
+
+class ArrivalFloor:
+    """When the requests of a budget every exit shares (the origin's, a named scope's)
+    surely reached the server: an answer ``latency`` after admission came from a request
+    that arrived no later than the answer less the fastest answer seen, once a few answers
+    show what fast is; before that (the first requests ride cold connections, and the
+    first answer would be its own floor), no earlier than the answer itself. The next
+    request goes an interval after that, as a pair's does: requests of a shared budget
+    take many paths, and one that came late must not bring the next too close."""
+
+    __slots__ = ("answers", "fastest")
+
+    def __init__(self) -> None:
+        self.fastest = math.inf  # the shortest answer time seen: a path's floor
+        self.answers = 0
+
+    @property
+    def slack(self) -> float:
+        """How long before its answer a request surely reached the server."""
+        return self.fastest if self.answers > WARM_ANSWERS else 0.0
+
+    def answered(self, now: float, latency: float, bucket: TokenBucket | None) -> None:
+        self.fastest = min(self.fastest, latency)
+        self.answers += 1
+        if bucket is not None:
+            bucket.arrived(now - self.slack)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 
-from .bucket import TokenBucket
+from .bucket import ArrivalFloor, TokenBucket
 
 
 class OriginBudget:
     """The origin-wide bucket and the 503 budget's state."""
 
-    __slots__ = ("bucket", "burst", "margin", "overload_at", "overload_rate",
+    __slots__ = ("arrivals", "bucket", "burst", "margin", "overload_at", "overload_rate",
                  "overloaded_until")
 
     def __init__(self, rate: float | None, burst: int, margin: float) -> None:
@@ -36,6 +36,8 @@ class OriginBudget:
         self.overloaded_until = -math.inf  # 503: no budget increase before this
         self.overload_at = -math.inf  # the last 503 decrease
         self.overload_rate: float | None = None  # the 503 budget, growing back while clean
+        #: when the origin's requests surely arrived: its pacing is re-anchored on answers
+        self.arrivals = ArrivalFloor()
 
     def sync(self, site_rate: float | None) -> TokenBucket | None:
         """Pace at the lower of the site rate and the 503 budget (None: no budget)."""
@@ -50,6 +52,11 @@ class OriginBudget:
         elif rate != bucket.rate:
             bucket.set_rate(rate)
         return bucket
+
+    def answered(self, now: float, latency: float) -> None:
+        """An answer ``latency`` after admission: while a budget paces the origin, its next
+        request goes an interval after this one surely arrived (``bucket.ArrivalFloor``)."""
+        self.arrivals.answered(now, latency, self.bucket)
 
     def congestion_is_new(self, admitted_at: float) -> bool:
         """A 503 to a request admitted after the last decrease: a new congestion event."""

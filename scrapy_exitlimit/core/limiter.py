@@ -320,6 +320,7 @@ class Limiter:
         if answered:
             now = self.clock()
             pair.answered(now, now - lease.admitted_at)
+            self.origin_state(lease.origin).budget.answered(now, now - lease.admitted_at)
             for scope in lease.scopes:
                 self.scopes.state(scope).answered(now, now - lease.admitted_at)
         return lease

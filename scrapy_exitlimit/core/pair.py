@@ -36,14 +36,12 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .bucket import TokenBucket
+from .bucket import WARM_ANSWERS, TokenBucket
 from .learner import PairLearning
 from .learning import RateEstimate
 
 #: how fast ``PairState.min_latency`` forgets a fast sample (the path may get slower)
 LATENCY_FORGET = 0.02
-#: answers a pair needs before its fastest latency is trusted to bound arrival times
-WARM_ANSWERS = 3
 #: latency samples the arrival spread of a pair is read from (its 90th percentile)
 SPREAD_SAMPLES = 16
 #: the share of the arrival spread added to a pair's interval near a known limit

@@ -27,11 +27,10 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .bucket import TokenBucket
+from .bucket import ArrivalFloor, TokenBucket
 from .exits import keyed_hash
 from .learner import SharedRateLearner
 from .learning import RateEstimate
-from .pair import WARM_ANSWERS
 
 #: a scope untouched this long (seconds), with no lease in flight, is dropped
 SCOPE_IDLE = 3600.0
@@ -61,8 +60,7 @@ class Scope:
 class ScopeState:
     """One scope's bucket and, when its rate is learned, its learner."""
 
-    __slots__ = ("answers", "bucket", "fastest", "id", "last_admit", "last_tick", "last_used",
-                 "learner")
+    __slots__ = ("arrivals", "bucket", "id", "last_admit", "last_tick", "last_used", "learner")
 
     def __init__(self, scope: Scope, *, start_rate: float, min_rate: float, max_rate: float,
                  margin: float) -> None:
@@ -78,25 +76,12 @@ class ScopeState:
         self.last_admit = -math.inf
         self.last_used = -math.inf
         self.last_tick = -math.inf
-        self.fastest = math.inf  # the shortest answer time seen: a path's floor
-        self.answers = 0
+        self.arrivals = ArrivalFloor()
 
     def answered(self, now: float, latency: float) -> None:
-        """A request of the scope was answered ``latency`` after admission: it reached the
-        server no later than ``now`` less the fastest answer seen, and the scope's next
-        request goes an interval after that (as a pair's does, ``pair.py``). Its requests
-        take many paths, and one that came late must not bring the next too close."""
-        self.fastest = min(self.fastest, latency)
-        self.answers += 1
-        if self.bucket is not None:
-            self.bucket.arrived(now - self.arrival_slack)
-
-    @property
-    def arrival_slack(self) -> float:
-        """How long before its answer a request surely reached the server: 0 until a few
-        answers show what fast is (the first ones ride cold connections, and the very
-        first answer would otherwise be its own floor, as in ``pair.py``)."""
-        return self.fastest if self.answers > WARM_ANSWERS else 0.0
+        """A request of the scope was answered ``latency`` after admission: the scope's
+        next request goes an interval after it surely arrived (``bucket.ArrivalFloor``)."""
+        self.arrivals.answered(now, latency, self.bucket)
 
     def budget(self, now: float, margin: float) -> TokenBucket | None:
         """The bucket to take from (a learned rate synced first; None: no limit yet)."""
