@@ -11,6 +11,7 @@ import pytest
 from scrapy_exitlimit.core import Lease, Limiter, Limits, Tuning, make_exit
 from scrapy_exitlimit.core.limiter import SPREAD_MARGIN
 from scrapy_exitlimit.sim import Gcra, OriginModel, Unlimited
+from scrapy_exitlimit.sim.origins import Scheduled
 
 from .conftest import FakeClock
 
@@ -66,6 +67,23 @@ def test_429s_at_paces_the_pairs_took_before_point_at_the_site_not_the_pairs():
     assert not any(p.own_limit is not None for p in lim.origin_state(SITE).pairs.values())
     # four exits, one after another, and the site's rate re-probed now and then
     assert counts.get(429, 0) / sum(counts.values()) < 0.10
+
+
+def test_a_per_ip_limit_that_tightens_is_the_pools_not_the_sites():
+    """After a tightening, each pair's first 429 comes at a spacing it ran clean before
+    (ambiguous: it may be the site's); its next one, after a clean answer at the wider
+    spacing its cooldown made, is clearly its own. The pool learns it within seconds
+    instead of the site rate walking down for every exit's 429 in turn."""
+    clock = FakeClock(0.0)
+    lim = limiter(6, clock)
+    model = OriginModel(per_ip=lambda: Scheduled([(0.0, Gcra(5.0)), (6.0, Gcra(2.0))]))
+    drive(lim, clock, model, 6.5)
+    learner = lim.origin_state(SITE).learner
+    site_first = learner.site.lo if learner.site is not None else math.inf
+    drive(lim, clock, model, 2.0)
+    assert learner.pool.lo <= 3.5  # was still above 5 r/s per IP here
+    if learner.site is not None:
+        assert learner.site.lo >= site_first  # not walked down for the pairs' limit
 
 
 def test_a_slow_exit_learns_its_own_rate_and_does_not_drag_the_pool():

@@ -469,6 +469,14 @@ class OriginLearner(SharedRateLearner):
             reference = 1.0 / self.pool.lo
         closer = clean_gap < reference * CLEARLY_CLOSER - slack
         wider = clean_gap > reference * (1 + RESOLUTION / 2) + slack
+        if math.isfinite(clean_gap):
+            # the server now refuses this spacing from this pair: the clean gaps as close
+            # as this one that came before no longer show that it takes it (a per-IP limit
+            # that tightened: the pair's next 429 at this pace is then clearly its own)
+            refused = clean_gap * (1 + RESOLUTION / 2) + slack
+            kept = [(at, g) for at, g in pl.clean_gaps if g > refused]
+            pl.clean_gaps.clear()
+            pl.clean_gaps.extend(kept)
         # what the 429 says: the limit is under the pace it was paced at (or faster)
         pace = 1.0 / clean_gap if clean_gap > 0 else math.inf
         rate = max(rate, min(1.0 / gap if gap > 0 else 0.0, pace))
