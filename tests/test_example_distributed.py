@@ -52,7 +52,11 @@ def test_two_processes_share_the_crawl_each_page_once_within_the_exits_limits(tm
     assert result["total"] == pages and result["fetched"] == pages, report
     assert all(n > 0 for n in result["items"]), report  # both took part
     assert result["concurrent_requests"] == [8, 8], report
-    allowed = 2 if CALLBACK_DELAY else 0.02 * (result["fetched"] + result["rejected"])
+    # the two processes' first requests on an exit ride cold connections: the second, a
+    # pair interval after the first (shared through Redis), may reach the origin closer
+    # than that, one 429 per exit at most; on Scrapy < 2.18 (0.1 s before each callback) a
+    # loaded machine shows it
+    allowed = 4 if CALLBACK_DELAY else 0.02 * (result["fetched"] + result["rejected"])
     assert result["rejected"] <= allowed, report
     assert runner.ok(result)
     assert "all exits" in report and f"total:   {pages:>6}" in report

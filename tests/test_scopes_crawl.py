@@ -30,14 +30,15 @@ async def test_a_configured_account_rate_over_ten_exits_draws_no_429s(caplog):
     spider = crawler.spider
     stats = crawler.stats.get_stats()
     assert len(spider.ok) == 64 and not spider.failed
-    # issue 12 asks for none; requests of one account leave through ten paths, and one
-    # arriving early by the paths' jitter still draws a 429 now and then (see CHANGES)
+    # issue 12 asks for none, and the bench's 400 pages at 4 r/s draw none; requests of one
+    # account leave through ten paths, and on a loaded machine a path's hiccup still may
     assert lab.origin.total(429) <= 2
     assert len(lab.origin.ips()) >= 5  # spread over the exits, paced as one account
     # 64 pages at 8 r/s: the first at once, then 63 intervals of 1/8 s; a crawl this short
-    # pays its first second (new pairs wait for their first answer) out of 8: 0.85 of the
-    # rate (the bench's 400 pages measure the rate itself)
-    assert spider.crawl_seconds <= 63 / 8 / 0.85
+    # pays its first second (new pairs wait for their first answer, and the scope's first
+    # answers re-anchor it on when they came) out of 8, and on Scrapy < 2.18 a 0.1 s wait
+    # before each callback: 0.75 of the rate (the bench's 400 pages measure the rate itself)
+    assert spider.crawl_seconds <= 63 / 8 / 0.75
     # every admission of a scoped request: each page once, and again after a 429
     assert stats["exitlimit/scoped"] == 64 + lab.origin.total(429)
     per_scope = [k for k in stats if k.startswith("exitlimit/scope/")]
