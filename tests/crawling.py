@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import scrapy
@@ -46,3 +47,18 @@ async def crawl_lab(lab: Lab, settings: dict[str, Any], pages: int,
         await lab.stop()
     crawler.origin = origin
     return crawler
+
+
+async def crawl_twice_at_once(lab: Lab, settings: dict[str, Any], pages: int,
+                              spidercls: type[scrapy.Spider] = PagesSpider):
+    """Two crawlers in this process on the started ``lab``'s exits, each half of ``pages``
+    (disjoint); returns both and the seconds from their start to the last one's end."""
+    settings = {**QUIET, "EXITLIMIT_EXITS": lab.exit_urls, **settings}
+    a, b = get_crawler(spidercls, settings), get_crawler(spidercls, settings)
+    half = pages // 2
+    da = a.crawl(base=lab.origin_url, pages=half, first=0)
+    db = b.crawl(base=lab.origin_url, pages=half, first=half)
+    started = time.monotonic()
+    await da
+    await db
+    return a, b, time.monotonic() - started

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import pytest_twisted
@@ -19,7 +18,7 @@ from scrapy_exitlimit.lab import Lab, OriginConfig
 from scrapy_exitlimit.lab.spider import PagesSpider
 from scrapy_exitlimit.middleware import ExitLimitMiddleware
 
-from .crawling import QUIET, crawl_lab
+from .crawling import QUIET, crawl_lab, crawl_twice_at_once
 from .redis_server import free_port
 
 EXITS = ["http://127.0.0.10:3128", "http://127.0.0.11:3128"]
@@ -93,16 +92,8 @@ async def test_two_crawls_at_once_share_each_pairs_rate(redis_url):
     lab = Lab(exits=2, origin=OriginConfig(rate=10, burst=1))
     await lab.start()
     try:
-        settings = {**QUIET, "EXITLIMIT_EXITS": lab.exit_urls,
-                    **redis_crawl_settings(redis_url, EXITLIMIT_RATE=9)}
-        a = get_crawler(PagesSpider, settings)
-        b = get_crawler(PagesSpider, settings)
-        da = a.crawl(base=lab.origin_url, pages=25, first=0)
-        db = b.crawl(base=lab.origin_url, pages=25, first=25)
-        started = time.monotonic()
-        await da
-        await db
-        wall = time.monotonic() - started
+        a, b, wall = await crawl_twice_at_once(
+            lab, redis_crawl_settings(redis_url, EXITLIMIT_RATE=9), 50)
     finally:
         await lab.stop()
     assert len(a.spider.ok) == 25 and len(b.spider.ok) == 25

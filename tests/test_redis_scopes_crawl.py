@@ -5,15 +5,12 @@ pair's and the lease), shared by every crawl process on the pool."""
 
 from __future__ import annotations
 
-import time
-
 import pytest_twisted
 import redis
-from scrapy.utils.test import get_crawler
 
 from scrapy_exitlimit.lab import Lab, OriginConfig
 
-from .crawling import QUIET, crawl_lab
+from .crawling import crawl_lab, crawl_twice_at_once
 from .test_redis_backend import redis_crawl_settings
 from .test_scopes_crawl import AccountSpider
 
@@ -46,16 +43,8 @@ async def test_two_crawls_on_one_account_share_its_rate(redis_url):
     lab = Lab(exits=10, origin=OriginConfig(rate=None, account_rate=8))
     await lab.start()
     try:
-        settings = {**QUIET, "EXITLIMIT_EXITS": lab.exit_urls,
-                    **redis_crawl_settings(redis_url, **SCOPES)}
-        a = get_crawler(AccountSpider, settings)
-        b = get_crawler(AccountSpider, settings)
-        started = time.monotonic()
-        da = a.crawl(base=lab.origin_url, pages=24, first=0)
-        db = b.crawl(base=lab.origin_url, pages=24, first=24)
-        await da
-        await db
-        wall = time.monotonic() - started
+        a, b, wall = await crawl_twice_at_once(
+            lab, redis_crawl_settings(redis_url, **SCOPES), 48, AccountSpider)
     finally:
         await lab.stop()
     assert len(a.spider.ok) == 24 and len(b.spider.ok) == 24
