@@ -313,16 +313,18 @@ class Limiter:
                     self._heap.queue(self.origins[origin].search, lease.exit_id, -math.inf,
                                      math.inf)
             exit_state.waiting.clear()
-        counted = self.origin_state(lease.origin).pairs.get(lease.pair)
+        origin_state = self.origin_state(lease.origin)
+        counted = origin_state.pairs.get(lease.pair)
         if counted is not None:
             counted.in_flight -= 1
         pair = self.pair_state(lease.origin, lease.exit_id)
         if answered:
             now = self.clock()
-            pair.answered(now, now - lease.admitted_at)
-            self.origin_state(lease.origin).budget.answered(now, now - lease.admitted_at)
+            latency = now - lease.admitted_at
+            pair.answered(now, latency)
+            origin_state.budget.answered(now, latency)
             for scope in lease.scopes:
-                self.scopes.state(scope).answered(now, now - lease.admitted_at)
+                self.scopes.state(scope).answered(now, latency)
         return lease
 
     # -- feedback: each answer to the laws of the keys it concerns (``feedback.py``) --
