@@ -60,7 +60,11 @@ async def test_a_warm_run_draws_no_429_in_its_first_second_where_the_cold_run_di
     # (the first request of each pair goes alone, then pacing starts)
     assert warm_first[0] >= 3 * EXITS, warm_first
     assert warm_first[0] > cold_first[0]
-    assert stats.get("exitlimit/response_429", 0) == 0
+    # none in the first second (above); after it, one probe may draw a 429: a short cold
+    # run may leave a gap between its clean rate and its ceiling that the warm run goes on
+    # bisecting (its state was seen unsettled), and on a loaded machine it learns within
+    # a few % of the limit (clean seen at 3.87 to 4.12 for 4 r/s)
+    assert stats.get("exitlimit/response_429", 0) <= 1
     pool = read(path)[warm.origin]["pool"]
     assert 0.8 * RATE <= pool["clean"] <= 1.05 * RATE, pool
 
