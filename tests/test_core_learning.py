@@ -332,3 +332,54 @@ def test_overload_slows_the_origin_as_a_whole_and_recovers():
     clock.now = 10.0  # past the no-increase window
     lim.success(lease, 0.01)
     assert ostate.budget.bucket.rate == pytest.approx(rate + 0.2)  # 2 % at 10 r/s
+
+
+def _lone_429_then_a_check(spread_latencies=()):
+    """A proven pool at 4 r/s in slow start: its scout's probe at 8 draws a 429; the next
+    scout checks below it and draws one too. ``spread_latencies``: answers each exit got
+    before, their latencies (a spread of them: jitter on the way)."""
+    lim, clock = learner(3)
+    ostate = lim.origin_state(SITE)
+    est = ostate.estimate
+    est.lo, est.proven = 4.0, True
+    for latency in (0.001, *spread_latencies):
+        clock.advance(1.0)
+        leases = [lim.try_admit(SITE) for _ in range(3)]
+        for lease in leases:
+            answer(lim, clock, lease, latency)
+    probe = None
+    for _ in range(4):  # (a scout that has waited too long is replaced: the next admission)
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got
+            continue
+        if got.rate == 8.0:
+            probe = got
+            break
+        answer(lim, clock, got)
+    assert probe is not None and probe.exit_id == ostate.scout
+    answer(lim, clock, probe, status=429)
+    assert est.hi is None and ostate.learner.suspect == probe.exit_id
+    check = lim.try_admit(SITE)
+    if not isinstance(check, Lease):  # the next scout's token, 1/5.66 s after its last
+        clock.now = check
+        check = lim.try_admit(SITE)
+    assert check.exit_id == ostate.scout != probe.exit_id
+    answer(lim, clock, check, status=429)
+    return est, check
+
+
+def test_a_lone_429_is_checked_below_it_and_a_429_there_is_the_pools_ceiling():
+    est, check = _lone_429_then_a_check()
+    # checked in the middle of what is clean and what drew the lone 429: one bisection
+    # step saved, the ceiling is where the check found it
+    assert check.rate == pytest.approx(math.sqrt(4.0 * 8.0))
+    assert est.hi == pytest.approx(check.rate) and est.lo == 4.0
+
+
+def test_with_jitter_on_the_way_a_check_below_the_lone_429_agrees_only_at_its_rate():
+    # answers late by up to 0.4 s: a request paced 1/5.66 s apart may have come in as
+    # close as the lone 429's; the 429 proves only what that one did
+    est, check = _lone_429_then_a_check((0.001, 0.4, 0.1, 0.3, 0.001, 0.4, 0.2, 0.4))
+    assert check.rate == pytest.approx(math.sqrt(4.0 * 8.0))
+    assert est.hi == pytest.approx(8.0)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import Event
-from .learning import RESOLUTION, RateEstimate, backoff
+from .learning import CLIMB_BELOW, RESOLUTION, RateEstimate, backoff
 
 #: clean answers at a probed rate, with the pair really pacing, that confirm it:
 #: one in slow start (far from any ceiling), more when bisecting near one
@@ -326,8 +326,24 @@ class OriginLearner(SharedRateLearner):
         if pl.own is not None:
             return pl.own.target()  # its own limit: it probes for itself
         if self.scout == exit_id:
-            return self.pool.target()
+            return self.probe_rate()
         return self.pool.lo
+
+    def probe_rate(self) -> float:
+        """What the scout tries: the pool's next target, but while one exit's lone 429
+        waits for a second opinion, the next exit checks it below that 429 (the middle of
+        the gap, or the suspect's rate once the gap is narrow): if the 429 was the pool's
+        ceiling its 429 there agrees and bisects at once; if it was a slow exit's own,
+        the pool climbs through it."""
+        pool = self.pool
+        target = pool.target()
+        suspect = self.suspect_rate
+        if self.suspect is None or pool.hi is not None or not pool.proven or \
+                not math.isfinite(suspect) or suspect <= pool.lo:
+            return target
+        if suspect > pool.lo * CLIMB_BELOW:
+            return min(target, math.sqrt(pool.lo * suspect))
+        return min(target, suspect)
 
     def holds(self, exit_id: str, pl: PairLearning, sent_before: bool) -> bool:
         """Discovery: while the start rate is unproven, only the scout sends twice."""
@@ -344,7 +360,7 @@ class OriginLearner(SharedRateLearner):
         """An admission on ``exit_id``; True when it made the exit the scout."""
         self.admitted(exit_id, now)
         if self.scout is None and self.may_scout(pl, now) and (
-                self.pool.target() > self.pool.lo or not self.pool.proven):
+                self.probe_rate() > self.pool.lo or not self.pool.proven):
             self.scout, self.scout_since = exit_id, now
             pl.confirmations, pl.confirmed_rate = 0, math.inf
             return True
@@ -442,7 +458,7 @@ class OriginLearner(SharedRateLearner):
 
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                      gap: float, admitted_at: float, now: float,
-                     slack: float,
+                     slack: float, origin_slack: float = 0.0,
                      pick_scout: Callable[[Sequence[str]], str | None],
                      scopes: Sequence[tuple[str, SharedRateLearner]] = ()) -> list[Event]:
         """A 429 to a request admitted at pair pace ``rate``, ``gap`` after the pair's
@@ -451,7 +467,8 @@ class OriginLearner(SharedRateLearner):
         A per-IP limit (a GCRA) accepts a request when it comes far enough after the
         last one it accepted: its 429s come closer after the pair's last clean request
         than any clean one did. A 429 that came as late as a clean request did (give
-        or take ``slack``, the arrival jitter), or on a first request, is not the
+        or take ``slack``, the arrival jitter; ``origin_slack``: the widest any of the
+        origin's pairs saw), or on a first request, is not the
         pair's limit: it points at the site, or, when the request needed named scopes
         whose rates are learned (``scopes``: id and learner), at those scopes.
         """
@@ -483,7 +500,12 @@ class OriginLearner(SharedRateLearner):
         pool = self.pool
         if self.scout == exit_id and (rate > pool.lo * (1 + 1e-9) or not pool.proven) and (
                 not wider and math.isfinite(clean_gap)):
-            return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout)
+            # what the 429 proves: arrivals may have come as much closer than sent as
+            # any of the origin's pairs saw them spread (this pair may not know yet)
+            late = max(slack, origin_slack)
+            proven = 1.0 / (clean_gap - late) if clean_gap > late else math.inf
+            return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout,
+                                      proven=max(rate, proven))
         own = pl.own
         if own is not None and rate > own.lo * (1 + 1e-9) and not wider:
             # a pair probing its own limit found it
@@ -516,8 +538,10 @@ class OriginLearner(SharedRateLearner):
 
     def _probe_failed(self, origin: str, exit_id: str, pl: PairLearning, rate: float,
                       admitted_at: float, now: float,
-                      pick_scout: Callable[[Sequence[str]], str | None]) -> list[Event]:
-        """The scout's probe drew a 429: the pool's ceiling, once two exits agree."""
+                      pick_scout: Callable[[Sequence[str]], str | None],
+                      proven: float) -> list[Event]:
+        """The scout's probe drew a 429: the pool's ceiling, once two exits agree.
+        ``proven``: the rate the 429 shows the limit is under, allowing for jitter."""
         pool = self.pool
         self.scout = None
         if pool.hi is None and self.active_exits(now) > 1:
@@ -535,7 +559,9 @@ class OriginLearner(SharedRateLearner):
             suspect = self.learning_of(self.suspect)
             if suspect is not None:
                 suspect.own = None
-            rate = min(rate, self.suspect_rate)
+            # (checked below the suspect's rate: a 429 there that jitter may explain
+            # agrees only on the suspect's)
+            rate = min(proven, self.suspect_rate)
             self.suspect = None
         if not pool.proven:
             self.scout = pick_scout([exit_id])
