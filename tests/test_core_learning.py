@@ -161,6 +161,35 @@ def test_the_start_rate_is_proven_by_one_scout_while_the_others_wait_for_it():
     assert lim.pair_rate(ostate, ostate.scout, lim.pair_state(SITE, ostate.scout)) == 4.0
 
 
+def test_a_scout_that_cannot_send_hands_discovery_on():
+    # the scout's proxy is dead: while the start rate is unproven every other exit waits
+    # for the scout; once the dead exit is evicted, another takes the probe at once
+    lim, clock = learner(3)
+    leases = [lim.try_admit(SITE) for _ in range(3)]
+    ostate = lim.origin_state(SITE)
+    dead = ostate.scout
+    for lease in leases:
+        if lease.exit_id == dead:
+            lim.proxy_fault(lease, dead, SITE)
+            lim.release(lease.id, answered=False)
+        else:
+            answer(lim, clock, lease)
+    clock.now = 0.6
+    for _ in range(2):  # the scout's next requests fail too, and it is evicted
+        retry = lim.try_admit(SITE)
+        if not isinstance(retry, Lease):
+            assert math.isfinite(retry), "the scout's own next turn is in sight"
+            clock.now = retry
+            retry = lim.try_admit(SITE)
+        assert retry.exit_id == dead  # (the others hold for the scout's verdict)
+        lim.proxy_fault(retry, dead, SITE)
+        lim.release(retry.id, answered=False)
+    assert not lim.usable(SITE, dead)
+    lease = lim.try_admit(SITE)
+    assert isinstance(lease, Lease) and lease.exit_id != dead
+    assert ostate.scout == lease.exit_id
+
+
 def test_a_start_rate_above_the_limit_draws_one_429_per_exit_that_tries_it():
     lim, clock = learner(3)
     leases = [lim.try_admit(SITE) for _ in range(3)]
@@ -213,6 +242,44 @@ def test_a_slower_exit_learns_its_own_limit():
     assert slow.own_limit is not None and 0.6 <= slow.own_limit.lo <= 1.05
     assert lim.pair_state(SITE, "127.0.0.1:9000").own_limit is None  # still the pool's
     assert 4.5 <= lim.origin_state(SITE).estimate.lo <= 5.2
+
+
+def drive(lim, clock, server, seconds):
+    """Run against a strict per-IP GCRA server, each exit at its own rate; the events."""
+    tat: dict[str, float] = {}
+    events = []
+    end = clock.now + seconds
+    while clock.now < end:
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got if math.isfinite(got) else clock.now + 0.01
+            continue
+        t = tat.get(got.exit_id, -math.inf)
+        if clock.now >= t - 1e-9:
+            tat[got.exit_id] = max(t, clock.now) + 1 / server[got.exit_id]
+            events += answer(lim, clock, got)
+        else:
+            events += answer(lim, clock, got, status=429)
+    return events
+
+
+def test_a_ceiling_two_slow_exits_agreed_on_is_dropped_once_both_prove_slow():
+    # the first scout and the exit that checks its 429 are both slow (1 r/s): the start
+    # rate's 429s agree, and the pool took 2 r/s as its ceiling; the 5 r/s exits climb
+    # past it only once the two slow exits proved slower than the pool
+    lim, clock = learner(4, start_rate=2.0)
+    server = dict.fromkeys(lim.exits, 5.0)
+    slow = ["127.0.0.1:9000", "127.0.0.1:9003"]  # (the first scout, and rng 3's checker)
+    server.update(dict.fromkeys(slow, 1.0))
+    events = drive(lim, clock, server, 12.0)
+    details = [e.detail for e in events]
+    assert any("429 at 2 r/s: clean 2 -> 1, ceiling 2" in d for d in details), details
+    assert any("the pool's ceiling was two slow exits' own" in d for d in details), details
+    est = lim.origin_state(SITE).estimate
+    assert est.hi is None or est.hi > 2.5
+    drive(lim, clock, server, 4.0)
+    assert est.lo > 4.0
+    assert all(lim.pair_state(SITE, e).own_limit is not None for e in slow)
 
 
 def test_429s_from_one_congestion_event_decrease_once():

@@ -314,6 +314,9 @@ class OriginLearner(SharedRateLearner):
     #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
     suspect: str | None = None
     suspect_rate: float = math.inf
+    #: the two exits whose 429s set the pool's ceiling (a lone one and the one that
+    #: agreed): if both prove slower than the pool, the ceiling was theirs, not its
+    ceiling_by: set[str] = field(default_factory=set)
     #: recent 429s at the pool's pace that the pairs' spacing explains: (time, exit)
     pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
     last_tick: float = -math.inf
@@ -533,8 +536,16 @@ class OriginLearner(SharedRateLearner):
         own.lo = max(own.floor, min(rate * backoff(pl.rate_streak), 1.0 / fastest))
         own.hi = own.seen = rate
         own.changed_at = now
-        return [Event("rate_down", origin, exit_id,
-                      f"slower than the pool: {rate:.3g} -> {own.lo:.3g} r/s")]
+        events = [Event("rate_down", origin, exit_id,
+                        f"slower than the pool: {rate:.3g} -> {own.lo:.3g} r/s")]
+        if exit_id in self.ceiling_by:
+            self.ceiling_by.discard(exit_id)
+            if not self.ceiling_by:  # both exits that set it are slower than the pool
+                pool.forget_ceiling(now)
+                events.append(Event("rate_up", origin, None,
+                                    "the pool's ceiling was two slow exits' own: "
+                                    f"slow start again from {pool.lo:.3g} r/s"))
+        return events
 
     def _probe_failed(self, origin: str, exit_id: str, pl: PairLearning, rate: float,
                       admitted_at: float, now: float,
@@ -562,10 +573,16 @@ class OriginLearner(SharedRateLearner):
             # (checked below the suspect's rate: a 429 there that jitter may explain
             # agrees only on the suspect's)
             rate = min(proven, self.suspect_rate)
+            agreed = {self.suspect, exit_id}
             self.suspect = None
+        else:
+            agreed = set()  # a scout's probe under a known ceiling: the pool's
         if not pool.proven:
             self.scout = pick_scout([exit_id])
-        return self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
+        events = self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
+        if events:
+            self.ceiling_by = agreed
+        return events
 
     def _lower(self, origin: str, exit_id: str | None, est: RateEstimate, rate: float,
                streak: int, admitted_at: float, now: float, taken: float = math.inf
@@ -607,6 +624,7 @@ class OriginLearner(SharedRateLearner):
             "scout_since": self.scout_since,
             "suspect": self.suspect,
             "suspect_rate": self.suspect_rate if math.isfinite(self.suspect_rate) else None,
+            "ceiling_by": sorted(self.ceiling_by),
         }
 
     def load(self, data: Mapping[str, Any], known_exits: Callable[[str], bool]) -> None:
@@ -623,6 +641,7 @@ class OriginLearner(SharedRateLearner):
         self.suspect = data.get("suspect")
         rate = data.get("suspect_rate")
         self.suspect_rate = math.inf if rate is None else rate
+        self.ceiling_by = set(data.get("ceiling_by", ()))
 
     # -- across runs (warm start) ------------------------------------------------
     def remembered(self, allowance: float = 0.0) -> dict[str, Any] | None:

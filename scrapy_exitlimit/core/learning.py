@@ -118,6 +118,13 @@ class RateEstimate:
         self.changed_at = now
         self.settled = self.converged
 
+    def forget_ceiling(self, now: float) -> None:
+        """The ceiling was not this limit's (slow exits set it): slow start again."""
+        self.hi = self.seen = None
+        self.drift_rate, self.climbs = CEILING_DRIFT, 0
+        self.changed_at = now
+        self.settled = self.converged
+
     def drift(self, seconds: float) -> None:
         """Forget the ceiling slowly while clean."""
         if self.hi is not None and seconds > 0:

@@ -170,8 +170,16 @@ class Limiter:
         return origin_state.budget.sync(origin_state.learner.site_rate())
 
     def _tick(self, origin_state: OriginState, now: float) -> None:
+        learner = origin_state.learner
         # a generator: the pairs are walked only on the ticks that drift their ceilings
-        origin_state.learner.tick(now, (p.learning for p in origin_state.pairs.values()))
+        learner.tick(now, (p.learning for p in origin_state.pairs.values()))
+        scout = learner.scout
+        if scout is not None and (scout not in self.pool.states or not self.pool.allows(scout)
+                                  or not views.usable(self.state, self.pool,
+                                                      origin_state.key, scout, now)):
+            # a scout that cannot send (evicted, its pair banned or broken) hands its probe
+            # on: in discovery every other exit waits for it
+            learner.scout = None
 
     # -- admission ---------------------------------------------------------
     def restrict(self, exit_ids: Iterable[str] | None) -> None:
