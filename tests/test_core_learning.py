@@ -15,7 +15,7 @@ from scrapy_exitlimit.core import (
     Tuning,
     make_exit,
 )
-from scrapy_exitlimit.core.learning import CEILING_DRIFT, CEILING_DRIFT_MIN
+from scrapy_exitlimit.core.learning import CEILING_DRIFT, CEILING_DRIFT_MIN, REPROBE_AFTER
 
 from .conftest import FakeClock
 
@@ -89,10 +89,28 @@ def test_re_probes_that_find_the_ceiling_where_it_was_come_less_often():
     est.drift(10)
     est.rejected(5.1, now=10)  # the re-probe: the ceiling held
     assert est.drift_rate == pytest.approx(CEILING_DRIFT / 2)
-    assert est.hi == 5.1 and est.lo == 4.9
+    # where the last 429 put it, not at the probe above it: converged, no probe under it
+    assert est.hi == 5.0 and est.lo == 4.9 and est.target() == 4.9
     for now in range(11, 20):
         est.rejected(5.1, now=now)
     assert est.drift_rate == pytest.approx(CEILING_DRIFT_MIN)  # never slower: a raise is found
+
+
+def test_a_pool_quiet_for_a_while_probes_above_its_last_429():
+    # converged under a 429 at 5.0; the ceiling drifts while clean. A pair's own estimate
+    # probes the middle of the gap the drift reopened (its steps walk up to the 429
+    # again); the pool's, after REPROBE_AFTER s without a 429, probes at the drifted
+    # ceiling itself, above the 429: a clean answer there says the limit was raised
+    own = RateEstimate(4.9, hi=5.0, seen=5.0, settled=True)
+    pool = RateEstimate(4.9, hi=5.0, seen=5.0, settled=True, reprobe_above=True)
+    for est in (own, pool):
+        est.drift(REPROBE_AFTER / 2)
+        assert est.target() == 4.9  # converged still
+        est.drift(REPROBE_AFTER / 2)
+    assert own.target() == pytest.approx(math.sqrt(4.9 * own.hi))
+    assert pool.target() == pytest.approx(pool.hi) and pool.hi > 5.0
+    pool.confirmed(pool.target(), now=REPROBE_AFTER)
+    assert pool.hi is None and pool.target() == pytest.approx(2 * pool.lo)  # slow start
 
 
 def test_a_confirmed_rate_above_the_last_429_resumes_slow_start():

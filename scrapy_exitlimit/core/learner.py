@@ -682,7 +682,7 @@ class OriginLearner(SharedRateLearner):
 
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "proven", "seen",
-                    "drift_rate", "climbs", "settled")
+                    "drift_rate", "climbs", "settled", "quiet")
 
 
 def estimate_data(est: RateEstimate) -> dict[str, Any]:

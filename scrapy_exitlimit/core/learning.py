@@ -16,6 +16,9 @@ CONVERGED = 2.0
 #: after a 429 at or below what was thought clean, restart this far under it: gently
 #: for a lone 429 (near a converged limit, timing noise), hard when 429s come in a row
 BACKOFF_BY_STREAK = (0.94, 0.7, 0.5)
+#: seconds without a 429 after which the pool's probe goes above the last one, not just
+#: under it (a clean one there says the limit was raised: slow start again)
+REPROBE_AFTER = 8.0
 #: a gap between clean and rejected narrower than this factor is climbed, not bisected
 CLIMB_BELOW = 1.5
 #: a start rate never proven clean that draws a 429 is tried again this much lower
@@ -55,6 +58,11 @@ class RateEstimate:
     climbs: int = 0
     #: converged since the last change: a 429 now comes from a re-probe
     settled: bool = False
+    #: seconds of drift since the last 429
+    quiet: float = 0.0
+    #: once quiet for REPROBE_AFTER, probe above the last 429 rather than under it (a
+    #: shared estimate, one scout at a time; a pair's own would re-probe on every pair)
+    reprobe_above: bool = False
     #: (lo, seen, the data) as recalled from an earlier run: what this run did not
     #: learn anew is remembered as it was
     recalled: tuple[float, float | None, dict[str, Any]] | None = field(
@@ -71,7 +79,15 @@ class RateEstimate:
 
     def target(self) -> float:
         """The next rate worth trying; equal to ``lo`` when there is nothing to probe."""
-        if self.converged or not self.proven:
+        if not self.proven:
+            return self.lo
+        if self.reprobe_above and self.seen is not None and self.hi is not None and \
+                self.hi > self.seen and self.quiet >= REPROBE_AFTER and \
+                self.lo >= self.seen * (1 - CONVERGED * RESOLUTION):
+            # right under the last 429, long after it, its ceiling drifted past it: only
+            # a probe above that 429 tells whether the limit was raised
+            return min(self.hi, self.ceiling)
+        if self.converged:
             return self.lo
         if self.hi is None:
             return min(self.lo * GROWTH, self.ceiling)
@@ -106,10 +122,13 @@ class RateEstimate:
         ``streak``-th in a row without a success in between."""
         rate = max(rate, self.floor)
         if self.settled and self.seen is not None and rate >= self.seen * (1 - RESOLUTION):
-            # a re-probe found the ceiling where it was: probe less often
+            # a re-probe found the ceiling where it was: probe less often (and it is
+            # where the last 429 put it, not at a probe above that)
             self.drift_rate = max(self.drift_rate / 2, CEILING_DRIFT_MIN)
+            rate = min(rate, self.seen)
         self.seen = rate
         self.climbs = 0
+        self.quiet = 0.0
         self.hi = rate if self.hi is None else min(self.hi, rate)
         if not self.proven:  # the start rate was a guess, and too high
             self.lo = max(min(self.lo, rate * DISCOVERY_BACKOFF), self.floor)
@@ -129,6 +148,7 @@ class RateEstimate:
         """Forget the ceiling slowly while clean."""
         if self.hi is not None and seconds > 0:
             self.hi *= 1 + self.drift_rate * seconds
+            self.quiet += seconds
 
     # -- across runs (warm start) ----------------------------------------------
     def remembered(self, allowance: float = 0.0) -> dict[str, Any]:

@@ -42,7 +42,7 @@ class StateTable:
             ol = self.limits.origin(key)
             t = self.tuning
             pool = RateEstimate(t.start_rate, floor=t.min_rate, ceiling=t.max_rate,
-                                proven=False)
+                                proven=False, reprobe_above=True)
             learner = OriginLearner(pool=pool, min_rate=t.min_rate, max_rate=t.max_rate,
                                     learning_of=partial(self._learning_of, key),
                                     site_ceiling=ol.rate)
