@@ -143,7 +143,8 @@ class FeedbackLaws:
         self._learned(out, origin, origin_state.learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             admitted_at=lease.admitted_at, now=now, slack=pair.bucket.margin + pair.spread,
-            origin_slack=pair.bucket.margin + max(p.spread for p in origin_state.pairs.values()),
+            origin_slack=lambda: pair.bucket.margin + max(
+                p.spread for p in origin_state.pairs.values()),
             pick_scout=partial(self._pick_scout, origin_state, now), scopes=learned_scopes))
         return out
 

@@ -461,7 +461,7 @@ class OriginLearner(SharedRateLearner):
 
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                      gap: float, admitted_at: float, now: float,
-                     slack: float, origin_slack: float = 0.0,
+                     slack: float, origin_slack: Callable[[], float] = lambda: 0.0,
                      pick_scout: Callable[[Sequence[str]], str | None],
                      scopes: Sequence[tuple[str, SharedRateLearner]] = ()) -> list[Event]:
         """A 429 to a request admitted at pair pace ``rate``, ``gap`` after the pair's
@@ -470,10 +470,11 @@ class OriginLearner(SharedRateLearner):
         A per-IP limit (a GCRA) accepts a request when it comes far enough after the
         last one it accepted: its 429s come closer after the pair's last clean request
         than any clean one did. A 429 that came as late as a clean request did (give
-        or take ``slack``, the arrival jitter; ``origin_slack``: the widest any of the
-        origin's pairs saw), or on a first request, is not the
+        or take ``slack``, the arrival jitter), or on a first request, is not the
         pair's limit: it points at the site, or, when the request needed named scopes
         whose rates are learned (``scopes``: id and learner), at those scopes.
+        ``origin_slack()``: the widest arrival jitter any of the origin's pairs saw (what
+        a scout's 429 proves); asked only for a scout's 429, as it walks every pair.
         """
         self._answered(now, admitted_at, False)
         pl.last_429 = now
@@ -505,7 +506,7 @@ class OriginLearner(SharedRateLearner):
                 not wider and math.isfinite(clean_gap)):
             # what the 429 proves: arrivals may have come as much closer than sent as
             # any of the origin's pairs saw them spread (this pair may not know yet)
-            late = max(slack, origin_slack)
+            late = max(slack, origin_slack())
             proven = 1.0 / (clean_gap - late) if clean_gap > late else math.inf
             return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout,
                                       proven=max(rate, proven))

@@ -112,8 +112,7 @@ class RateEstimate:
             if self.hi is not None and (self.hi <= self.lo or self.seen is not None
                                         and self.lo > self.seen * (1 + 1e-6)):
                 # the limit was raised: slow start again from here
-                self.hi = self.seen = None
-                self.drift_rate, self.climbs = CEILING_DRIFT, 0
+                self.forget_ceiling(now)
             self.changed_at = now
             self.settled = self.converged
 
@@ -138,7 +137,8 @@ class RateEstimate:
         self.settled = self.converged
 
     def forget_ceiling(self, now: float) -> None:
-        """The ceiling was not this limit's (slow exits set it): slow start again."""
+        """The ceiling no longer holds (the limit was raised, or slow exits set it): slow
+        start again."""
         self.hi = self.seen = None
         self.drift_rate, self.climbs = CEILING_DRIFT, 0
         self.changed_at = now
