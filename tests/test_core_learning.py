@@ -139,24 +139,33 @@ def answer(lim, clock, lease, latency=0.001, status=200, retry_after=1.0):
     return events
 
 
-def run(lim, clock, seconds, limit_rate, latency=0.001):
-    """Drive the limiter against a strict per-IP GCRA server at limit_rate; count 429s."""
-    server_tat: dict[str, float] = {}
-    rejected = accepted = 0
+def drive(lim, clock, server, seconds, latency=0.001):
+    """Run against a strict per-IP GCRA server, each exit at its rate in ``server``:
+    (accepted, rejected, the limiter's events)."""
+    tat: dict[str, float] = {}
+    accepted = rejected = 0
+    events = []
     end = clock.now + seconds
     while clock.now < end:
         got = lim.try_admit(SITE)
         if not isinstance(got, Lease):
             clock.now = min(got, end) if math.isfinite(got) else clock.now + 0.01
             continue
-        tat = server_tat.get(got.exit_id, -math.inf)
-        if clock.now >= tat - 1e-9:
-            server_tat[got.exit_id] = max(tat, clock.now) + 1 / limit_rate
-            answer(lim, clock, got, latency)
+        t = tat.get(got.exit_id, -math.inf)
+        if clock.now >= t - 1e-9:
+            tat[got.exit_id] = max(t, clock.now) + 1 / server[got.exit_id]
+            events += answer(lim, clock, got, latency)
             accepted += 1
         else:
-            answer(lim, clock, got, latency, status=429)
+            events += answer(lim, clock, got, latency, status=429)
             rejected += 1
+    return accepted, rejected, events
+
+
+def run(lim, clock, seconds, limit_rate, latency=0.001):
+    """Every exit at the same limit_rate; (accepted, rejected)."""
+    accepted, rejected, _ = drive(lim, clock, dict.fromkeys(lim.exits, limit_rate), seconds,
+                                  latency)
     return accepted, rejected
 
 
@@ -242,43 +251,11 @@ def test_a_slower_exit_learns_its_own_limit():
     lim, clock = learner(2)
     # exit 1's IP is allowed only 1 r/s: simulate by a per-exit server
     server = {"127.0.0.1:9000": 5.0, "127.0.0.1:9001": 1.0}
-    tat: dict[str, float] = {}
-    rejected = {k: 0 for k in server}
-    while clock.now < 40:
-        got = lim.try_admit(SITE)
-        if not isinstance(got, Lease):
-            clock.now = got if math.isfinite(got) else clock.now + 0.01
-            continue
-        t = tat.get(got.exit_id, -math.inf)
-        if clock.now >= t - 1e-9:
-            tat[got.exit_id] = max(t, clock.now) + 1 / server[got.exit_id]
-            answer(lim, clock, got)
-        else:
-            rejected[got.exit_id] += 1
-            answer(lim, clock, got, status=429)
+    drive(lim, clock, server, 40)
     slow = lim.pair_state(SITE, "127.0.0.1:9001")
     assert slow.own_limit is not None and 0.6 <= slow.own_limit.lo <= 1.05
     assert lim.pair_state(SITE, "127.0.0.1:9000").own_limit is None  # still the pool's
     assert 4.5 <= lim.origin_state(SITE).estimate.lo <= 5.2
-
-
-def drive(lim, clock, server, seconds):
-    """Run against a strict per-IP GCRA server, each exit at its own rate; the events."""
-    tat: dict[str, float] = {}
-    events = []
-    end = clock.now + seconds
-    while clock.now < end:
-        got = lim.try_admit(SITE)
-        if not isinstance(got, Lease):
-            clock.now = got if math.isfinite(got) else clock.now + 0.01
-            continue
-        t = tat.get(got.exit_id, -math.inf)
-        if clock.now >= t - 1e-9:
-            tat[got.exit_id] = max(t, clock.now) + 1 / server[got.exit_id]
-            events += answer(lim, clock, got)
-        else:
-            events += answer(lim, clock, got, status=429)
-    return events
 
 
 def test_a_ceiling_two_slow_exits_agreed_on_is_dropped_once_both_prove_slow():
@@ -289,7 +266,7 @@ def test_a_ceiling_two_slow_exits_agreed_on_is_dropped_once_both_prove_slow():
     server = dict.fromkeys(lim.exits, 5.0)
     slow = ["127.0.0.1:9000", "127.0.0.1:9003"]  # (the first scout, and rng 3's checker)
     server.update(dict.fromkeys(slow, 1.0))
-    events = drive(lim, clock, server, 12.0)
+    _, _, events = drive(lim, clock, server, 12.0)
     details = [e.detail for e in events]
     assert any("429 at 2 r/s: clean 2 -> 1, ceiling 2" in d for d in details), details
     assert any("the pool's ceiling was two slow exits' own" in d for d in details), details
