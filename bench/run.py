@@ -247,7 +247,7 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0,
          "--pages", str(share if i < procs - 1 else pages - share * i),
          "--first", str(share * i), "--timeout", str(args.timeout), "--redis", args.redis,
          *(["--concurrent-items", str(args.concurrent_items)] if args.concurrent_items else []),
-         *state],
+         *state, *(f"--set={kv}" for kv in args.set)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) for i in range(procs)]
     if outage is not None:
@@ -257,7 +257,8 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0,
         stdout, stderr = proc.communicate()
         if args.logs:
             Path(args.logs).mkdir(exist_ok=True)
-            (Path(args.logs) / f"{name}-{i}.log").write_text(stderr)
+            tag = f"{name}{'.' + phase if phase else ''}.{run}-{i}"  # one log per process and run
+            (Path(args.logs) / f"{tag}.log").write_text(stderr)
         if proc.returncode != 0:
             sys.stderr.write(stderr[-3000:])
             raise SystemExit(f"strategy {name} failed")
@@ -400,6 +401,8 @@ def main() -> None:
                          "again (empty) FOR s later")
     ap.add_argument("--concurrent-items", type=int, default=0, metavar="N",
                     help="CONCURRENT_ITEMS for every crawl (default: Scrapy's, 100)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a Scrapy setting for every crawl (repeatable)")
     ap.add_argument("--warm", action="store_true",
                     help="warm start: each strategy runs cold, then warm from the cold run's "
                          "state file (Redis: the same Redis, new processes; and Redis emptied, "
