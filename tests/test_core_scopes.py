@@ -146,3 +146,35 @@ def test_a_configured_scope_draws_no_429s():
     ok, refused, oks = _crawl(lim, clock, [Scope("scope~acct", rate=4.0)], 4.0, 20.0)
     assert refused == 0
     assert ok / 20.0 >= 0.95 * 4.0
+
+
+# -- what a learned scope learned, kept for a later run (warm start) ---------------------
+def test_a_learned_scopes_rate_is_remembered_once_proven_and_recalled_at_first_use():
+    from scrapy_exitlimit.core.warm import Recalled, recall_scopes, remember_scopes
+
+    clock = FakeClock(0.0)
+    lim = limiter(10, clock, rate=None)
+    acct, fixed = Scope("scope~acct"), Scope("scope~fixed", rate=3.0)
+    lim.scope_budgets([acct, fixed])
+    assert remember_scopes(lim, offset=1000.0) == {}  # the start rate is a guess, not kept
+    _crawl(lim, clock, [acct], 4.0, 60.0)
+    kept = remember_scopes(lim, offset=1000.0)
+    assert list(kept) == ["scope~acct"]  # a configured scope has nothing to remember
+    assert kept["scope~acct"]["at"] == pytest.approx(1000.0 + 60.0, abs=0.1)  # wall clock
+    learned = kept["scope~acct"]["rate"]
+    assert learned["clean"] == pytest.approx(4.0, rel=0.15)
+
+    later = limiter(10, FakeClock(0.0), rate=None)
+    got = Recalled()
+    recall_scopes(later, {**kept, "scope~old": {"at": 0.0, "rate": learned}}, got,
+                  wall_now=1100.0, max_age=1000.0)
+    assert (got.scopes, got.stale_scopes) == (1, 1)  # older than the max age: ignored
+    # met again: paced at once at what ran clean, no start rate to prove
+    [(_, bucket)] = later.scope_budgets([acct])
+    assert bucket.rate == pytest.approx(learned["clean"])
+    assert later.scopes.learned("scope~acct").site.proven
+    assert "scope~old" not in later.scopes.recalled
+    # a scope that has a configured rate now keeps it
+    later.scopes.recalled["scope~fixed"] = learned
+    [(_, bucket)] = later.scope_budgets([fixed])
+    assert bucket.rate == 3.0

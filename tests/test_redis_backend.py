@@ -367,3 +367,51 @@ async def test_quiet_answers_look_at_what_was_learned_at_most_every_learn_check(
         await _drain(backend)
     finally:
         await backend.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_learned_scope_rate_is_shared_between_processes(redis_url, monkeypatch):
+    """What one process learned of an account's rate paces the account in another: read
+    before the other's first request of the scope, and read back while it is in use."""
+    from twisted.internet.defer import Deferred
+
+    from scrapy_exitlimit.backends import redis as redis_backend
+
+    monkeypatch.setattr(redis_backend, "LEARN_CHECK", 0.0)  # every change published at once
+    settings = Settings({"EXITLIMIT_EXITS": EXITS, **redis_crawl_settings(redis_url)})
+    one, two = _two_processes(settings)
+    scope = one.config.scopes.scope("acct-SECRET")  # no rule: learned
+    origin = "http://o"
+
+    async def admit_scoped(backend: RedisBackend):
+        got = await Deferred.fromFuture(backend.admit(origin, 1, backend.clock(),
+                                                      scopes=(scope,)))
+        for lease in got.leases:
+            backend.release(lease.id, answered=False)
+        await _drain(backend)
+        return got
+
+    def learned(backend: RedisBackend):
+        return backend.limiter.scopes.learned(scope.id).site
+
+    try:
+        await admit_scoped(one)
+        learned(one).rejected(1.6, one.clock(), 1)  # as the account's 429s would
+        await admit_scoped(one)  # publishes what changed
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        keys = [k for k in client.keys("{exitlimit}:learn-scope:*")]
+        assert keys == [one._scope_key(scope.id)] and "SECRET" not in keys[0]
+        await admit_scoped(two)  # its first request of the scope: read first
+        assert (learned(two).lo, learned(two).hi) == (learned(one).lo, learned(one).hi)
+        assert learned(two).hi == 1.6
+        assert two.limiter.scopes.states[scope.id].rate == pytest.approx(learned(one).target())
+        # later changes reach it while the scope is in use (at most SCOPE_PULL later)
+        monkeypatch.setattr(redis_backend, "SCOPE_PULL", 0.0)
+        learned(one).rejected(1.0, one.clock() + 1, 1)
+        await admit_scoped(one)
+        await admit_scoped(two)  # the read back starts here ...
+        await admit_scoped(two)  # ... and what it read paces this one
+        assert learned(two).hi == learned(one).hi == 1.0
+    finally:
+        await one.close()
+        await two.close()

@@ -114,6 +114,9 @@ RELEASE_DELAY = 0.025
 #: that may change what was learned is looked at, and published, at once
 LEARN_CHECK = 0.05
 LEARN_CHECK_PAIRS = 200
+#: how often a learned scope in use is read back from Redis (seconds): a scope's
+#: version does not ride along with admissions as an origin's does
+SCOPE_PULL = 0.5
 #: the script's pair field for each kind of hold
 HOLD_FIELDS = {Hold.COOLDOWN: "cool", Hold.BAN: "ban"}
 #: how often the learned state of the origins in use is kept alive in Redis (seconds)
@@ -216,6 +219,14 @@ class RedisBackend(Backend):
         #: (EXITLIMIT_STATE_MAX_AGE): the next run starts from it
         self.learn_ttl = max(1, math.ceil(config.state_max_age))
         self._touched = -math.inf  # when the learned state of used origins was last kept
+        #: learned scopes, as origins above: version seen, what was last published, when
+        #: last looked at / read back / used
+        self._scope_seen: dict[str, str] = {}
+        self._scope_marks: dict[str, tuple | None] = {}
+        self._scope_checked: dict[str, float] = {}
+        self._scope_pulled: dict[str, float] = {}
+        self._scope_used: dict[str, float] = {}
+        self._scope_busy: set[str] = set()  # a read or an update in flight
         self.round_trips = 0
         self.calls: dict[str, int] = {}  # script calls by operation
         self.empty_admissions = 0  # admission calls that granted nothing
@@ -369,9 +380,16 @@ class RedisBackend(Backend):
                 await script(keys=[self._key("learn", origin)],
                              args=["learn_put", self._learn_seen[origin],
                                    json.dumps(self._learning_blob(origin)), self.learn_ttl])
-        if used:
-            await script(keys=[self._origin_keys(o)[1] for o in used],
-                         args=["learn_touch", self.learn_ttl])
+        for scope_id in self._scope_used:
+            data = self.limiter.scopes.export(scope_id)
+            if data is not None and scope_id in self._scope_seen:
+                await script(keys=[self._scope_key(scope_id)],
+                             args=["learn_put", self._scope_seen[scope_id], json.dumps(data),
+                                   self.learn_ttl])
+        keys = [*(self._origin_keys(o)[1] for o in used),
+                *(self._scope_key(scope_id) for scope_id in self._scope_used)]
+        if keys:
+            await script(keys=keys, args=["learn_touch", self.learn_ttl])
 
     def _learning_blob(self, origin: str) -> dict[str, Any]:
         """What is published for the origin: what this process learned (times on the
@@ -384,9 +402,12 @@ class RedisBackend(Backend):
         return data
 
     def _used_since(self, since: float) -> list[str]:
-        """Learn keys of the origins this process admitted for since ``since``."""
-        return [self._origin_keys(origin)[1] for origin, at in self._planned.items()
-                if at > since]
+        """Learn keys of the origins and learned scopes this process admitted for since
+        ``since``."""
+        return [*(self._origin_keys(origin)[1] for origin, at in self._planned.items()
+                  if at > since),
+                *(self._scope_key(scope_id) for scope_id, at in self._scope_used.items()
+                  if at > since)]
 
     def _keep_learned(self) -> None:
         """Every LEARN_TOUCH: what was learned for the origins in use stays while they are
@@ -622,6 +643,9 @@ class RedisBackend(Backend):
                 return self._admit_locally(origin, want, pinned, scopes)
         if origin in self._stagger_due:
             await self._stagger(origin)
+        for scope in scopes:
+            if scope.rate is None:  # learned: what the other processes learned first
+                await self._follow_scope(scope)
         if pinned is None and not scopes and origin in self._held:
             return self._from_held(origin, now)
         # the best few first (what this process knows of their load; in a large pool the
@@ -917,6 +941,85 @@ class RedisBackend(Backend):
         finally:
             self._publishing.discard(origin)
         self._sync_learning(origin, urgent=True)  # what it learned meanwhile, if anything
+
+    # -- learned scopes (an account's, an API key's rate) ---------------------------
+    # Shared as an origin's learning is, in a versioned blob of its own (compare-and-set
+    # on update), read back every SCOPE_PULL while the scope is in use.
+    def _scope_key(self, scope_id: str) -> str:
+        return self._key("learn-scope", scope_id)
+
+    async def _follow_scope(self, scope: Scope) -> None:
+        """Before a learned scope's first admission here, what Redis holds for it; then,
+        at each admission, what this process learned goes out, and what the others did is
+        read back every SCOPE_PULL (in the background), while the scope is in use."""
+        self.limiter.scopes.state(scope)  # made here first (a warm start's rate, if any)
+        now = self.clock()
+        self._scope_used[scope.id] = now
+        if scope.id not in self._scope_seen:
+            await self._pull_scope(scope.id)
+            return
+        self._sync_scope(scope.id)  # what this process learned since, if anything, first
+        if (now - self._scope_pulled.get(scope.id, -math.inf) >= SCOPE_PULL
+                and scope.id not in self._scope_busy):
+            self._scope_busy.add(scope.id)
+            self._spawn(self._pull_scope(scope.id))
+
+    async def _pull_scope(self, scope_id: str) -> None:
+        self._scope_pulled[scope_id] = self.clock()
+        try:
+            got = await self._shared_op([self._scope_key(scope_id)], ["learn_get"])
+        finally:
+            self._scope_busy.discard(scope_id)
+        if got is None:
+            return
+        version, blob = str(got[0]), got[1]
+        if version == self._scope_seen.get(scope_id):
+            return  # nothing new (or this process's own update)
+        self._adopt_scope(scope_id, version, blob)
+
+    def _adopt_scope(self, scope_id: str, version: str, blob: str) -> None:
+        self._scope_seen[scope_id] = version
+        if not blob:  # nothing there: what this process knows (a warm start's) goes in
+            self._scope_marks.pop(scope_id, None)
+            self._sync_scope(scope_id, urgent=True)
+            return
+        self.limiter.scopes.adopt(scope_id, json.loads(blob))
+        self._scope_marks[scope_id] = self._scope_mark(scope_id)
+
+    def _scope_mark(self, scope_id: str) -> tuple | None:
+        learner = self.limiter.scopes.learned(scope_id)
+        return None if learner is None else learner.rate_mark()
+
+    def _sync_scope(self, scope_id: str, urgent: bool = False) -> None:
+        """Publish what this process learned of the scope since it last did."""
+        if not self.shared or scope_id in self._scope_busy or scope_id not in self._scope_seen:
+            return
+        now = self.clock()
+        if not urgent and now - self._scope_checked.get(scope_id, -math.inf) < LEARN_CHECK:
+            return
+        self._scope_checked[scope_id] = now
+        mark = self._scope_mark(scope_id)
+        if mark is None or scope_id in self._scope_marks and mark == self._scope_marks[scope_id]:
+            return
+        self._scope_busy.add(scope_id)
+        self._spawn(self._publish_scope(scope_id, mark))
+
+    async def _publish_scope(self, scope_id: str, mark: tuple) -> None:
+        try:
+            blob = json.dumps(self.limiter.scopes.export(scope_id))
+            reply = await self._shared_op(
+                [self._scope_key(scope_id)],
+                ["learn_put", self._scope_seen.get(scope_id, "0"), blob, self.learn_ttl])
+        finally:
+            self._scope_busy.discard(scope_id)
+        if reply is None:
+            return
+        ok, version, current = int(reply[0]), str(reply[1]), reply[2]
+        if ok:
+            self._scope_seen[scope_id] = version
+            self._scope_marks[scope_id] = mark
+        else:  # another process updated it first: theirs stands
+            self._adopt_scope(scope_id, version, current)
 
     # -- feedback ----------------------------------------------------------------
     def release(self, lease_id: int, answered: bool = True) -> Lease | None:

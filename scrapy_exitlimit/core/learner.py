@@ -285,6 +285,35 @@ class SharedRateLearner:
         if self.site is not None:
             self.site.drift(elapsed)
 
+    # -- the key's rate as data: for other processes to adopt, for a later run ----------
+    def rate_mark(self) -> tuple | None:
+        """Changes whenever the key's learned rate does (not on ceiling drift)."""
+        site = self.site
+        return None if site is None else (site.lo, site.changed_at, site.proven)
+
+    def export_rate(self) -> dict[str, Any] | None:
+        return None if self.site is None else estimate_data(self.site)
+
+    def load_rate(self, data: Mapping[str, Any] | None) -> None:
+        """Adopt what another process learned of the key's rate (``export_rate``)."""
+        if data is None:
+            self.site = None
+            return
+        if self.site is None:
+            self.site = RateEstimate(1.0)
+        load_estimate(self.site, data)
+
+    def remembered_rate(self) -> dict[str, Any] | None:
+        """The key's rate for a later run, once proven (a scope's start rate is a guess)."""
+        site = self.site
+        return None if site is None or not site.proven else site.remembered()
+
+    def recall_rate(self, data: Mapping[str, Any], now: float) -> None:
+        """Start the key's rate from what an earlier run remembered (``remembered_rate``)."""
+        top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
+        self.site = RateEstimate(top, floor=self.min_rate, ceiling=top)
+        self.site.recall(data, now)
+
     # -- a named scope's feedback (the origin's goes through OriginLearner) ------------
     def scope_succeeded(self, label: str, gap: float, admitted_at: float, now: float
                         ) -> list[Event]:
@@ -613,14 +642,13 @@ class OriginLearner(SharedRateLearner):
 
     # -- sharing -------------------------------------------------------------------
     def mark(self) -> tuple:
-        site = self.site
         return (self.pool.lo, self.pool.changed_at, self.pool.proven, self.scout,
-                None if site is None else (site.lo, site.changed_at))
+                self.rate_mark())
 
     def export(self) -> dict[str, Any]:
         return {
             "estimate": estimate_data(self.pool),
-            "site": None if self.site is None else estimate_data(self.site),
+            "site": self.export_rate(),
             "scout": self.scout,
             "scout_since": self.scout_since,
             "suspect": self.suspect,
@@ -630,13 +658,7 @@ class OriginLearner(SharedRateLearner):
 
     def load(self, data: Mapping[str, Any], known_exits: Callable[[str], bool]) -> None:
         load_estimate(self.pool, data["estimate"])
-        site = data.get("site")
-        if site is None:
-            self.site = None
-        else:
-            if self.site is None:
-                self.site = RateEstimate(1.0)
-            load_estimate(self.site, site)
+        self.load_rate(data.get("site"))
         self.scout = data["scout"]
         self.scout_since = data["scout_since"]
         self.suspect = data.get("suspect")
@@ -651,7 +673,7 @@ class OriginLearner(SharedRateLearner):
         jitter the pool's pairs allowed for on top of their rate (a new run's pairs start
         without it, so it is folded into the rate)."""
         pool = self.pool.remembered(allowance) if self.pool.proven else None
-        site = None if self.site is None else self.site.remembered()
+        site = self.remembered_rate()
         if pool is None and site is None:
             return None
         return {"pool": pool, "site": site}
@@ -662,9 +684,7 @@ class OriginLearner(SharedRateLearner):
         if data.get("pool"):
             self.pool.recall(data["pool"], now)
         if data.get("site"):
-            top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
-            self.site = RateEstimate(top, floor=self.min_rate, ceiling=top)
-            self.site.recall(data["site"], now)
+            self.recall_rate(data["site"], now)
 
     @staticmethod
     def remembered_pair(pl: PairLearning, allowance: float = 0.0) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .bucket import ArrivalFloor, TokenBucket
 from .exits import keyed_hash
@@ -122,6 +123,9 @@ class ScopeTable:
         self.margin = margin
         self.clock = clock
         self.states: dict[str, ScopeState] = {}
+        #: learned rates an earlier run remembered, by scope id, for scopes not met yet
+        #: in this one (a scope's state is made on first use, when its rule is known)
+        self.recalled: dict[str, Mapping[str, Any]] = {}
 
     def state(self, scope: Scope) -> ScopeState:
         state = self.states.get(scope.id)
@@ -129,7 +133,36 @@ class ScopeTable:
             state = self.states[scope.id] = ScopeState(
                 scope, start_rate=self.start_rate, min_rate=self.min_rate,
                 max_rate=self.max_rate, margin=self.margin)
+            remembered = self.recalled.pop(scope.id, None)
+            if remembered is not None and state.learner is not None:  # configured: its rate
+                state.learner.recall_rate(remembered, self.clock())
         return state
+
+    # -- what was learned, as data (shared backends, warm start) ---------------------
+    def learned(self, scope_id: str) -> SharedRateLearner | None:
+        state = self.states.get(scope_id)
+        return None if state is None else state.learner
+
+    def export(self, scope_id: str) -> dict[str, Any] | None:
+        """What the scope learned (times on this table's clock); None: nothing to say."""
+        learner = self.learned(scope_id)
+        return None if learner is None else {"rate": learner.export_rate()}
+
+    def adopt(self, scope_id: str, data: Mapping[str, Any]) -> None:
+        """Take what another process learned of a learned scope met here."""
+        learner = self.learned(scope_id)
+        if learner is not None:
+            learner.load_rate(data.get("rate"))
+
+    def remember(self) -> dict[str, dict[str, Any]]:
+        """scope id -> {"at": last used (this table's clock), "rate": the proven rate},
+        for the learned scopes used in this run."""
+        out = {}
+        for scope_id, state in self.states.items():
+            rate = None if state.learner is None else state.learner.remembered_rate()
+            if rate is not None and math.isfinite(state.last_used):
+                out[scope_id] = {"at": state.last_used, "rate": rate}
+        return out
 
     def budgets(self, scopes: Sequence[Scope], now: float) -> list[TokenBucket]:
         """The buckets these scopes take from now (learned ones not yet limited: none)."""

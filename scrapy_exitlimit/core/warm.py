@@ -2,8 +2,9 @@
 
 A run against an origin learned yesterday need not learn it again: the pool's
 per-IP rate (clean rate, ceiling), the site's rate and the pairs slower than
-the pool are remembered with the wall-clock time each was last used, and
-recalled at the next start:
+the pool are remembered with the wall-clock time each was last used (and so is
+the rate of each named scope learned, once proven), and recalled at the next
+start:
 
 1. an origin or pair last used more than ``max_age`` ago is ignored (limits move);
 2. a pair of an exit no longer in the pool is dropped (ids are credential-free
@@ -45,6 +46,9 @@ class Recalled:
     stale_pairs: int = 0
     #: pairs of exits no longer in the pool
     gone_pairs: int = 0
+    #: learned scopes (an account's, an API key's rate), and those too old to use
+    scopes: int = 0
+    stale_scopes: int = 0
 
 
 def remember(limiter: Limiter, offset: float,
@@ -78,6 +82,25 @@ def remember(limiter: Limiter, offset: float,
         out[origin] = {"at": ostate.last_used + offset,
                        **(learned or {"pool": None, "site": None}), "pairs": pairs}
     return out
+
+
+def remember_scopes(limiter: Limiter, offset: float) -> dict[str, dict[str, Any]]:
+    """scope id -> {"at", "rate"}: the learned scopes used in this run, their rate once
+    proven (a scope with a configured rate has nothing to remember)."""
+    return {scope_id: {**entry, "at": entry["at"] + offset}
+            for scope_id, entry in limiter.scopes.remember().items()}
+
+
+def recall_scopes(limiter: Limiter, scopes: Mapping[str, Mapping[str, Any]], got: Recalled,
+                  *, wall_now: float, max_age: float) -> None:
+    """Learned scope rates (as ``remember_scopes`` returns them) for the scopes of this
+    run: each starts from its rate when first met (a configured one keeps its own)."""
+    for scope_id, entry in scopes.items():
+        if wall_now - entry["at"] > max_age:
+            got.stale_scopes += 1
+        else:
+            limiter.scopes.recalled[scope_id] = entry["rate"]
+            got.scopes += 1
 
 
 def _stagger(limiter: Limiter, origin: str, now: float) -> None:
@@ -124,4 +147,4 @@ def recall(limiter: Limiter, origins: Mapping[str, Mapping[str, Any]], *, wall_n
     return got
 
 
-__all__ = ["Recalled", "recall", "remember"]
+__all__ = ["Recalled", "recall", "recall_scopes", "remember", "remember_scopes"]
