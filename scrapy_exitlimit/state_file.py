@@ -23,23 +23,33 @@ It is read at start, and written at close and every ``EXITLIMIT_STATE_SAVE_INTER
 seconds, atomically (a temporary file in the same directory, then ``os.replace``),
 merged with what the file holds then (the newer entry wins, per origin and per
 pair; entries older than ``EXITLIMIT_STATE_MAX_AGE`` are dropped), so crawls of
-other sites sharing the file keep theirs. A file that cannot be used (corrupt,
-unreadable, another program's, a newer version) is a warning naming the setting,
-never an error, and stays as it is until there is learned state to write; it is
-then kept beside the new one as ``<name>.unreadable``.
+other sites sharing the file keep theirs. Several processes may share the file: each
+read-merge-write holds an advisory lock (``flock``) on ``<name>.lock`` beside it, so
+no save drops what another one added; a save that cannot have the lock within
+``LOCK_TIMEOUT`` seconds is skipped with a warning, and the next one tries again. Where
+there is no ``fcntl`` (Windows) saves are not locked. A file that cannot be used
+(corrupt, unreadable, another program's, a newer version) is a warning naming the
+setting, never an error, and stays as it is until there is learned state to write; it
+is then kept beside the new one as ``<name>.unreadable``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: saves are not serialized between processes
+    fcntl = None  # type: ignore[assignment]
 
 from .core.limiter import Limiter
 from .core.warm import Recalled, recall, remember
@@ -51,6 +61,11 @@ FORMAT = "scrapy-exitlimit state"
 VERSION = 1
 #: files larger than this are not read (a state file holds a few KB per origin)
 MAX_BYTES = 64 << 20
+#: seconds a save waits for another process's save to finish; saves run on the reactor
+#: thread, so the wait is short, and a save that gives up leaves it to the next one
+LOCK_TIMEOUT = 2.0
+#: seconds between tries for the lock
+LOCK_POLL = 0.01
 
 Origins = dict[str, dict[str, Any]]
 
@@ -220,13 +235,51 @@ def write(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def lock_path(path: str | os.PathLike) -> Path:
+    """The lock file serializing saves of the state file ``path``. Not the state file
+    itself: that is replaced at every write, and a lock on it would lock the old inode."""
+    path = Path(path)
+    return path.with_name(path.name + ".lock")
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, timeout: float) -> Iterator[bool]:
+    """Holds the exclusive lock on ``path`` (created if missing, never deleted: deleting
+    a lock file another process has open races); yields False if it was not had within
+    ``timeout`` seconds. OSError when the lock file cannot be opened."""
+    if fcntl is None:
+        yield True
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        yield _lock(fd, timeout)
+    finally:
+        os.close(fd)  # which releases the lock
+
+
+def _lock(fd: int, timeout: float) -> bool:
+    """Tries for the lock until ``timeout``, never blocking (saves run on the reactor)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCK_POLL)
+
+
 # -- the component -----------------------------------------------------------------------
 class StateFile:
     """Reads the learned state into a limiter at start, writes it back now and then."""
 
     def __init__(self, path: str | os.PathLike, *, save_interval: float, max_age: float,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 lock_timeout: float = LOCK_TIMEOUT) -> None:
         self.path = Path(path)
+        self.lock_path = lock_path(self.path)
+        self.lock_timeout = lock_timeout
         self.save_interval = save_interval
         self.max_age = max_age
         self.wall = wall
@@ -256,10 +309,30 @@ class StateFile:
         return self.save_interval > 0 and self.wall() - self.saved_at >= self.save_interval
 
     def save(self, limiter: Limiter) -> bool:
-        """Write what the limiter learned, merged with the file; True when written."""
+        """Write what the limiter learned, merged with the file; True when written.
+        Another process's save in progress is waited for, up to ``lock_timeout``: two
+        read-merge-writes at once would each drop what the other one added."""
         now = self.wall()
         self.saved_at = now
         ours = remember(limiter, offset=now - limiter.clock())
+        if not ours and not self.path.exists():
+            return False  # nothing to say, and no file to bring up to date
+        try:
+            with locked(self.lock_path, self.lock_timeout) as held:
+                if not held:
+                    logger.warning("exitlimit: %s (%s) is being saved by another process "
+                                   "(%s held for over %gs): this save is skipped, the next "
+                                   "one tries again", SETTING, self.path, self.lock_path.name,
+                                   self.lock_timeout)
+                    return False
+                return self._merge_and_write(ours, now)
+        except (OSError, ValueError) as exc:  # the lock file or the state file
+            logger.warning("exitlimit: %s (%s) cannot be written: %s", SETTING, self.path,
+                           _reason(exc))
+            return False
+
+    def _merge_and_write(self, ours: Origins, now: float) -> bool:
+        """The read-merge-write of ``save``, under the lock; OSError when not written."""
         try:
             disk = read(self.path)
             self.problem = None
@@ -271,13 +344,8 @@ class StateFile:
             self._keep_aside()
         origins = merge(disk, ours, now=now, max_age=self.max_age)
         if not origins and not self.path.exists():
-            return False  # nothing to say, and no file to bring up to date
-        try:
-            write(self.path, dump(origins, now))
-        except (OSError, ValueError) as exc:
-            logger.warning("exitlimit: %s (%s) cannot be written: %s", SETTING, self.path,
-                           _reason(exc))
-            return False
+            return False  # all of it too old, and no file to bring up to date
+        write(self.path, dump(origins, now))
         return True
 
     def _unusable(self, why: str, what: str) -> None:
@@ -363,5 +431,6 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-__all__ = ["FORMAT", "SETTING", "VERSION", "StateFile", "StateFileError", "dump", "merge",
-           "parse", "parse_origins", "read", "show", "write"]
+__all__ = ["FORMAT", "LOCK_TIMEOUT", "SETTING", "VERSION", "StateFile", "StateFileError",
+           "dump", "lock_path", "locked", "merge", "parse", "parse_origins", "read", "show",
+           "write"]

@@ -294,7 +294,8 @@ def test_a_write_is_atomic_and_leaves_no_temporary_file(tmp_path):
     lim = learned(clock, OriginModel(per_ip=lambda: Gcra(5.0)))
     sf = StateFile(path, save_interval=300, max_age=DAY, wall=lambda: 1000.0)
     assert sf.save(lim)
-    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    # and the lock file serializing saves, kept (deleting it would race)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json", "state.json.lock"]
     assert SITE in read(path)
 
 
