@@ -17,12 +17,15 @@ is recalled). The file is JSON::
 rate seen clean, requests/s; ``ceiling``: the lowest that drew a 429 (null: none
 yet). Pairs are keyed by exit id (an HMAC, never the proxy's credentials).
 Readers ignore keys they do not know; ``version`` changes only when a known key
-changes meaning. ``scopes`` is kept for named scopes (not written yet).
+changes meaning. ``scopes``: the learned rate of each named scope (an account, an API
+key) once proven, by scope id (``scope~<hmac>``, never the name), as
+``{"scope~3f2a9c01b4d7": {"at": 1718000000.0, "rate": {"clean": 3.9, ...}}}``; a scope
+with a configured rate (``EXITLIMIT_SCOPES``) has nothing kept.
 
 It is read at start, and written at close and every ``EXITLIMIT_STATE_SAVE_INTERVAL``
 seconds, atomically (a temporary file in the same directory, then ``os.replace``),
 merged with what the file holds then (the newer entry wins, per origin and per
-pair; entries older than ``EXITLIMIT_STATE_MAX_AGE`` are dropped), so crawls of
+pair and per scope; entries older than ``EXITLIMIT_STATE_MAX_AGE`` are dropped), so crawls of
 other sites sharing the file keep theirs. Several processes may share the file: each
 read-merge-write holds an advisory lock (``flock``) on ``<name>.lock`` beside it, so
 no save drops what another one added; a save that cannot have the lock within
@@ -44,7 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     import fcntl
@@ -52,7 +55,7 @@ except ImportError:  # Windows: saves are not serialized between processes
     fcntl = None  # type: ignore[assignment]
 
 from .core.limiter import Limiter
-from .core.warm import Recalled, recall, remember
+from .core.warm import Recalled, recall, recall_scopes, remember, remember_scopes
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,15 @@ LOCK_TIMEOUT = 2.0
 LOCK_POLL = 0.01
 
 Origins = dict[str, dict[str, Any]]
+#: scope id -> {"at", "rate"}: learned rates of named scopes (accounts, API keys)
+Scopes = dict[str, dict[str, Any]]
+
+
+class Learned(NamedTuple):
+    """What a state file holds."""
+
+    origins: Origins
+    scopes: Scopes
 
 
 class StateFileError(ValueError):
@@ -77,6 +89,13 @@ class StateFileError(ValueError):
 # -- reading -----------------------------------------------------------------------------
 def parse(text: str) -> tuple[Origins, float | None]:
     """(origins, when written) from a state file's text; StateFileError if unusable."""
+    learned, written = parse_learned(text)
+    return learned.origins, written
+
+
+def parse_learned(text: str) -> tuple[Learned, float | None]:
+    """(origins and scopes, when written) from a state file's text; StateFileError if
+    unusable."""
     try:
         data = json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
@@ -92,8 +111,12 @@ def parse(text: str) -> tuple[Origins, float | None]:
     origins = data.get("origins")
     if not isinstance(origins, dict):
         raise StateFileError("no origins table")
+    scopes = data.get("scopes") or {}
+    if not isinstance(scopes, dict):
+        raise StateFileError("scopes is not a table")
     written = data.get("written")
-    return parse_origins(origins), _time(written, "written") if written is not None else None
+    return (Learned(parse_origins(origins), parse_scopes(scopes)),
+            _time(written, "written") if written is not None else None)
 
 
 def parse_origins(origins: Mapping[str, Any]) -> Origins:
@@ -113,6 +136,18 @@ def parse_origins(origins: Mapping[str, Any]) -> Origins:
             "pairs": {exit_id: _pair(pair, f"{where}, pair {_short(exit_id)}")
                       for exit_id, pair in pairs.items()},
         }
+    return out
+
+
+def parse_scopes(scopes: Mapping[str, Any]) -> Scopes:
+    """The scopes table of a state file, checked (StateFileError when it is broken)."""
+    out = {}
+    for scope_id, entry in scopes.items():
+        where = f"scope {_short(scope_id)}"
+        if not isinstance(entry, dict):
+            raise StateFileError(f"{where}: not a table")
+        out[scope_id] = {"at": _time(entry.get("at"), f"{where}: at"),
+                         "rate": _estimate(entry.get("rate"), f"{where}: rate")}
     return out
 
 
@@ -171,11 +206,17 @@ def _short(value: Any) -> str:
 def read(path: str | os.PathLike) -> Origins:
     """The origins a state file holds; {} when there is no file yet; StateFileError when
     it cannot be used (unreadable, corrupt, foreign)."""
+    return read_learned(path).origins
+
+
+def read_learned(path: str | os.PathLike) -> Learned:
+    """What a state file holds (empty when there is no file yet); StateFileError when it
+    cannot be used (unreadable, corrupt, foreign)."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        return {}
+        return Learned({}, {})
     except (OSError, ValueError) as exc:  # permissions, a directory, a NUL in the path
         raise StateFileError(f"cannot be read ({_reason(exc)})") from None
     if len(raw) > MAX_BYTES:
@@ -184,7 +225,7 @@ def read(path: str | os.PathLike) -> Origins:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise StateFileError("not UTF-8 text") from None
-    return parse(text)[0]
+    return parse_learned(text)[0]
 
 
 def _reason(exc: BaseException) -> str:
@@ -212,9 +253,24 @@ def merge(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, A
     return dict(sorted(out.items()))
 
 
-def dump(origins: Mapping[str, Any], written: float) -> str:
+def merge_scopes(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]],
+                 *, now: float, max_age: float) -> Scopes:
+    """``old`` and ``new`` together: per scope the newer entry wins; what is older than
+    ``max_age`` goes."""
+    out = {}
+    for scope_id in {**old, **new}:
+        a, b = old.get(scope_id), new.get(scope_id)
+        newer = b if a is None or (b is not None and b["at"] >= a["at"]) else a
+        if now - newer["at"] <= max_age:
+            out[scope_id] = dict(newer)
+    return dict(sorted(out.items()))
+
+
+def dump(origins: Mapping[str, Any], written: float,
+         scopes: Mapping[str, Any] | None = None) -> str:
     return json.dumps({"format": FORMAT, "version": VERSION, "written": round(written, 3),
-                       "origins": origins, "scopes": {}}, indent=1, allow_nan=False) + "\n"
+                       "origins": origins, "scopes": scopes or {}},
+                      indent=1, allow_nan=False) + "\n"
 
 
 def write(path: str | os.PathLike, text: str) -> None:
@@ -294,14 +350,16 @@ class StateFile:
     def load(self, limiter: Limiter) -> Recalled | None:
         """Start ``limiter`` from the file (None: no file yet, or one that cannot be used)."""
         try:
-            origins = read(self.path)
+            learned = read_learned(self.path)
         except StateFileError as exc:
             self._unusable(str(exc), "starting without it")
             return None
         self.problem = None
-        if not origins:
+        if not learned.origins and not learned.scopes:
             return None
-        got = recall(limiter, origins, wall_now=self.wall(), max_age=self.max_age)
+        wall = self.wall()
+        got = recall(limiter, learned.origins, wall_now=wall, max_age=self.max_age)
+        recall_scopes(limiter, learned.scopes, got, wall_now=wall, max_age=self.max_age)
         logger.info("exitlimit: warm start from %s (%s): %s", self.path, SETTING, describe(got))
         return got
 
@@ -314,8 +372,9 @@ class StateFile:
         read-merge-writes at once would each drop what the other one added."""
         now = self.wall()
         self.saved_at = now
-        ours = remember(limiter, offset=now - limiter.clock())
-        if not ours and not self.path.exists():
+        offset = now - limiter.clock()
+        ours = Learned(remember(limiter, offset), remember_scopes(limiter, offset))
+        if not ours.origins and not ours.scopes and not self.path.exists():
             return False  # nothing to say, and no file to bring up to date
         try:
             with locked(self.lock_path, self.lock_timeout) as held:
@@ -331,21 +390,22 @@ class StateFile:
                            _reason(exc))
             return False
 
-    def _merge_and_write(self, ours: Origins, now: float) -> bool:
+    def _merge_and_write(self, ours: Learned, now: float) -> bool:
         """The read-merge-write of ``save``, under the lock; OSError when not written."""
         try:
-            disk = read(self.path)
+            disk = read_learned(self.path)
             self.problem = None
         except StateFileError as exc:
-            if not ours:
+            if not ours.origins and not ours.scopes:
                 return False  # nothing learned: the file stays as it is
-            disk = {}
+            disk = Learned({}, {})
             self._unusable(str(exc), "writing the state learned in this run over it")
             self._keep_aside()
-        origins = merge(disk, ours, now=now, max_age=self.max_age)
-        if not origins and not self.path.exists():
+        origins = merge(disk.origins, ours.origins, now=now, max_age=self.max_age)
+        scopes = merge_scopes(disk.scopes, ours.scopes, now=now, max_age=self.max_age)
+        if not origins and not scopes and not self.path.exists():
             return False  # all of it too old, and no file to bring up to date
-        write(self.path, dump(origins, now))
+        write(self.path, dump(origins, now, scopes))
         return True
 
     def _unusable(self, why: str, what: str) -> None:
@@ -371,9 +431,12 @@ class StateFile:
 
 def describe(got: Recalled) -> str:
     parts = [f"{len(got.origins)} origin(s)", f"{got.pairs} pair(s) with a rate of their own"]
-    if got.stale_origins or got.stale_pairs:
+    if got.scopes:
+        parts.append(f"{got.scopes} learned scope rate(s)")
+    if got.stale_origins or got.stale_pairs or got.stale_scopes:
         parts.append(f"ignored as older than EXITLIMIT_STATE_MAX_AGE: {got.stale_origins} "
-                     f"origin(s), {got.stale_pairs} pair(s)")
+                     f"origin(s), {got.stale_pairs} pair(s)"
+                     + (f", {got.stale_scopes} scope(s)" if got.stale_scopes else ""))
     if got.gone_pairs:
         parts.append(f"{got.gone_pairs} pair(s) of exits no longer in the pool dropped")
     return "; ".join(parts)
@@ -381,10 +444,11 @@ def describe(got: Recalled) -> str:
 
 # -- showing it -------------------------------------------------------------------------
 def show(path: str | os.PathLike, *, now: float, max_age: float) -> str:
-    """What a state file holds, for people: origins, their rates, pairs, ages."""
+    """What a state file holds, for people: origins, their rates, pairs, learned scopes
+    (by id: scope names may be secrets), ages."""
     try:
         with open(path, encoding="utf-8") as f:
-            origins, written = parse(f.read())
+            (origins, scopes), written = parse_learned(f.read())
     except FileNotFoundError:
         raise StateFileError("does not exist") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -394,9 +458,9 @@ def show(path: str | os.PathLike, *, now: float, max_age: float) -> str:
     head = f"{path}: format version {VERSION}"
     if written is not None:
         head += f", written {_age(now - written)} ago"
-    lines = [head, f"{len(origins)} origin(s); entries older than {_age(max_age)} "
-             "(EXITLIMIT_STATE_MAX_AGE) are ignored at start", ""]
-    if not origins:
+    lines = [head, f"{len(origins)} origin(s), {len(scopes)} learned scope(s); entries older "
+             f"than {_age(max_age)} (EXITLIMIT_STATE_MAX_AGE) are ignored at start", ""]
+    if not origins and not scopes:
         return "\n".join(lines[:2])
     lines.append(f"{'origin / exit':<44} {'age':>7}  {'per-IP r/s':<22} {'site r/s':<22}")
     for origin, entry in origins.items():
@@ -407,6 +471,12 @@ def show(path: str | os.PathLike, *, now: float, max_age: float) -> str:
             stale = " (stale)" if now - pair["at"] > max_age else ""
             lines.append(f"  {_cut(exit_id, 42):<42} {_age(now - pair['at']):>7}  "
                          f"{_rates(pair['own']):<22} {'(its own)':<22}{stale}")
+    if scopes:
+        lines.append(f"{'scope':<44} {'age':>7}  {'r/s':<22}")
+    for scope_id, entry in scopes.items():
+        stale = " (stale)" if now - entry["at"] > max_age else ""
+        lines.append(f"{_cut(scope_id, 44):<44} {_age(now - entry['at']):>7}  "
+                     f"{_rates(entry['rate']):<22}{stale}")
     lines += ["", "r/s: clean (the pace that ran clean) / ceiling (the lowest that drew a "
               "429); -: not limited, or not learned"]
     return "\n".join(line.rstrip() for line in lines)
@@ -431,6 +501,7 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-__all__ = ["FORMAT", "LOCK_TIMEOUT", "SETTING", "VERSION", "StateFile", "StateFileError",
-           "dump", "lock_path", "locked", "merge", "parse", "parse_origins", "read", "show",
+__all__ = ["FORMAT", "LOCK_TIMEOUT", "SETTING", "VERSION", "Learned", "StateFile",
+           "StateFileError", "dump", "lock_path", "locked", "merge", "merge_scopes", "parse",
+           "parse_learned", "parse_origins", "parse_scopes", "read", "read_learned", "show",
            "write"]

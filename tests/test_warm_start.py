@@ -24,6 +24,7 @@ from scrapy_exitlimit.state_file import (
     StateFileError,
     dump,
     merge,
+    merge_scopes,
     parse,
     read,
     show,
@@ -258,6 +259,10 @@ def test_the_file_round_trips_and_says_what_it_is():
      '"pool": null}}}', "time"),
     ('{"format": "scrapy-exitlimit state", "version": 1, "origins": {"o": {"at": 1, '
      '"pairs": {"x": {"at": 1, "own": {"clean": 1, "settled": "yes"}}}}}}', "settled"),
+    ('{"format": "scrapy-exitlimit state", "version": 1, "origins": {}, "scopes": [1]}',
+     "scopes"),
+    ('{"format": "scrapy-exitlimit state", "version": 1, "origins": {}, "scopes": '
+     '{"scope~a": {"at": 1, "rate": {"clean": 0}}}}', "scope 'scope~a': rate: clean"),
 ])
 def test_a_file_that_is_not_a_state_file_or_is_broken_is_refused_saying_why(text, why):
     with pytest.raises(StateFileError, match=why):
@@ -350,6 +355,47 @@ def test_the_file_keeps_what_other_crawls_wrote_and_a_new_run_starts_from_it(tmp
     got = StateFile(path, save_interval=300, max_age=DAY, wall=lambda: 1010.0).load(warm)
     assert got is not None and sorted(got.origins) == sorted([SITE, "http://other.test"])
     assert warm.origin_state(SITE).learner.pool.proven
+
+
+def test_a_learned_scope_rate_goes_through_the_file_by_id_and_a_new_run_starts_from_it(
+        tmp_path):
+    from scrapy_exitlimit.core.scopes import Scope
+
+    from .test_core_scopes import _crawl
+
+    path = tmp_path / "state.json"
+    clock = FakeClock(0.0)
+    cold = limiter(clock, n=10)
+    acct = Scope("scope~acct")  # a learned scope (an account's rate, no rule)
+    _crawl(cold, clock, [acct], 4.0, 60.0)
+    sf = StateFile(path, save_interval=300, max_age=DAY, wall=lambda: 1000.0)
+    assert sf.save(cold)
+    kept = json.loads(path.read_text())["scopes"]
+    assert list(kept) == ["scope~acct"] and kept["scope~acct"]["rate"]["clean"] == \
+        pytest.approx(4.0, rel=0.15)
+    text = show(path, now=1060.0, max_age=DAY)
+    assert "1 learned scope(s)" in text and "scope~acct" in text
+    warm = limiter(FakeClock(0.0), n=10)
+    got = StateFile(path, save_interval=300, max_age=DAY, wall=lambda: 1010.0).load(warm)
+    assert got is not None and got.scopes == 1
+    [(_, bucket)] = warm.scope_budgets([acct])
+    assert bucket.rate == pytest.approx(kept["scope~acct"]["rate"]["clean"])
+    # a day later it is too old to start from
+    stale = limiter(FakeClock(0.0), n=10)
+    got = StateFile(path, save_interval=300, max_age=DAY, wall=lambda: 1000.0 + 2 * DAY
+                    ).load(stale)
+    assert got is not None and (got.scopes, got.stale_scopes) == (0, 1)
+    assert stale.scope_budgets([acct])[0][1].rate == 2.0  # the start rate again
+
+
+def test_merge_keeps_the_newer_scope_entry_and_drops_what_is_too_old():
+    old = {"scope~a": {"at": 50.0, "rate": estimate(1.0)},
+           "scope~b": {"at": 60.0, "rate": estimate(2.0)},
+           "scope~gone": {"at": 1.0, "rate": estimate(3.0)}}
+    new = {"scope~a": {"at": 90.0, "rate": estimate(1.5)}}
+    merged = merge_scopes(old, new, now=100.0, max_age=95.0)
+    assert merged == {"scope~a": new["scope~a"], "scope~b": old["scope~b"]}
+    assert merge_scopes(new, old, now=100.0, max_age=95.0)["scope~a"]["rate"]["clean"] == 1.5
 
 
 def test_saving_is_due_every_interval_and_never_with_interval_zero():
