@@ -6,6 +6,7 @@ import ipaddress
 import logging
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
@@ -54,6 +55,8 @@ OWN_KEYS = (LEASE_KEY, SIGNAL_KEY, "exitlimit_exit", "exitlimit_wait", "proxy", 
 CLOSE_WATCH_INTERVAL = 0.2
 #: how often idle pair and origin state is dropped (seconds)
 FORGET_EVERY = 60.0
+#: how often changed origin-wide and scope rates go to telemetry and metrics (seconds)
+RATES_EVERY = 1.0
 SLOT_PREFIX = "exitlimit@"
 #: answers after which the request is sent again through another exit
 REISSUE = {Signal.RATE_LIMITED, Signal.BANNED, Signal.OVERLOADED, Signal.PROXY_FAULT}
@@ -92,6 +95,25 @@ def origin_of(request: Request) -> str:
     return f"{parts.scheme}://{host}"
 
 
+class RateChanges:
+    """Rates by key as last recorded (absent: not limited), and what differs now.
+
+    Learned rates move on many answers: polled, they make a record a second at most.
+    """
+
+    def __init__(self) -> None:
+        self.recorded: dict[str, float] = {}
+
+    def update(self, rates: Mapping[str, float | None]) -> dict[str, float | None]:
+        """The keys whose rate is new or changed, and None for keys no longer limited."""
+        limited = {key: rate for key, rate in rates.items() if rate is not None}
+        changed: dict[str, float | None] = {
+            key: rate for key, rate in limited.items() if self.recorded.get(key) != rate}
+        changed.update((key, None) for key in self.recorded if key not in limited)
+        self.recorded = limited
+        return changed
+
+
 class ExitLimitMiddleware:
     """Assigns each request an exit at the moment it can be sent, and learns from answers.
 
@@ -122,8 +144,10 @@ class ExitLimitMiddleware:
         #: windows of stated quotas that do not say how long their window is
         self.quota_windows = QuotaWindows()
         telemetry = Telemetry.open(config.telemetry)
-        metrics = PrometheusMetrics.serve(config.prometheus_port, config.prometheus_addr)
-        #: where admissions, answers and adjustments are recorded (telemetry, metrics)
+        metrics = PrometheusMetrics.serve(config.prometheus_port, config.prometheus_addr,
+                                          per_scope=config.stats_per_scope)
+        #: where admissions, answers, adjustments and rate changes are recorded (telemetry,
+        #: metrics)
         self.sinks: list[Any] = [sink for sink in (telemetry, metrics) if sink is not None]
         #: what was learned, kept between runs (EXITLIMIT_STATE_FILE)
         self.state_file = (StateFile(config.state_file, save_interval=config.state_save_interval,
@@ -135,6 +159,9 @@ class ExitLimitMiddleware:
         self._blocked_since: dict[str, float] = {}
         self._pool_dead_since: float | None = None
         self._forgot_at = -math.inf
+        self._rates_at = -math.inf
+        self._origin_rates = RateChanges()
+        self._scope_rates = RateChanges()
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
@@ -171,6 +198,7 @@ class ExitLimitMiddleware:
         for name, value in self.backend.stats().items():
             self.stats.set_value(f"exitlimit/{name}", value)
         self._save_state()
+        self._record_rates()  # the last change, however short the crawl
         for sink in self.sinks:
             sink.close()
         closing = self.backend.close()
@@ -192,6 +220,9 @@ class ExitLimitMiddleware:
         if now - self._forgot_at > FORGET_EVERY:
             self._forgot_at = now
             self.stats.inc_value("exitlimit/pairs_forgotten", self.backend.forget_idle(now))
+        if now - self._rates_at >= RATES_EVERY:
+            self._rates_at = now
+            self._record_rates()
         for lease in self.backend.stale_leases(self.config.lease_timeout, now):
             self.backend.release(lease.id, answered=False)
             self.stats.inc_value("exitlimit/lease_reclaimed")
@@ -203,6 +234,17 @@ class ExitLimitMiddleware:
         if self.state_file is not None and self.state_file.due():
             self._save_state()
         self._schedule_watch()
+
+    def _record_rates(self) -> None:
+        """Origin-wide and scope rates that changed since last time, to the sinks."""
+        if not self.sinks:
+            return
+        for origin, rate in self._origin_rates.update(self.backend.origin_rates()).items():
+            for sink in self.sinks:
+                sink.origin_rate(origin, rate)
+        for scope, rate in self._scope_rates.update(self.backend.scope_rates()).items():
+            for sink in self.sinks:
+                sink.scope_rate(scope, rate)
 
     def _save_state(self) -> None:
         if self.state_file is not None and self.backend.save_state(self.state_file):
@@ -280,15 +322,23 @@ class ExitLimitMiddleware:
                                load.in_flight, scopes=[s.id for s in lease.scopes])
 
     def snapshot(self) -> Snapshot:
-        """Exits by state (for the origins now waiting, else all), totals, parked."""
+        """Exits by state (for the origins now waiting, else all), totals, parked; the
+        named scopes and the origins paced as a whole, with the slowest of each."""
         now = self.backend.clock()
         counts = self.backend.exit_states(now, self.queue.origins())
+        scope_rates = self.backend.scope_rates()
+        origin_rates = self.backend.origin_rates()
         return Snapshot(
             exits_ready=counts["ready"], exits_cooling=counts["cooling"],
             exits_banned=counts["banned"], exits_dead=counts["dead"],
             admitted_total=self.stats.get_value("exitlimit/admitted", 0),
             rate_limited_total=self.stats.get_value("exitlimit/response_429", 0),
-            parked=self.queue.parked + self.sessions.following)
+            parked=self.queue.parked + self.sessions.following,
+            scopes=len(scope_rates),
+            slowest_scope_rate=min((r for r in scope_rates.values() if r is not None),
+                                   default=None),
+            origins_paced=len(origin_rates),
+            slowest_origin_rate=min(origin_rates.values(), default=None))
 
     async def process_request(self, request: Request, spider: Any = None) -> Request | None:
         if request.meta.get("dont_exitlimit") or urlparse_cached(request).scheme not in (

@@ -2,6 +2,11 @@
 
     exitlimit: exits 8 ready, 1 cooling, 0 banned, 1 dead; admitted 1200/min, 429 3/min, parked 14
 
+With named scopes (counted, never listed: they may be many), and an origin paced as a
+whole (with several: ``origin rates 3, slowest 2.5 r/s``), it goes on::
+
+    exitlimit: exits 10 ready, ...; parked 3; scopes 40, slowest 1.9 r/s; origin rate 19.6 r/s
+
 Enable with ``EXTENSIONS = {"scrapy_exitlimit.progress.ExitLimitProgress": 500}``. It
 asks ``crawler.exitlimit.snapshot()`` (the middleware sets ``crawler.exitlimit``) for
 a :class:`Snapshot`; without that attribute it stays quiet.
@@ -28,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The pool right now: exits by state, and running totals since the crawl began."""
+    """The pool right now: exits by state, running totals since the crawl began, and the
+    rates wider than a pair."""
 
     exits_ready: int = 0
     exits_cooling: int = 0  # every pair of the exit cooling down or breaker-open
@@ -37,19 +43,39 @@ class Snapshot:
     admitted_total: int = 0
     rate_limited_total: int = 0  # 429 answers
     parked: int = 0  # requests waiting for admission now
+    scopes: int = 0  # named scopes the limiter holds (used within the last hour)
+    slowest_scope_rate: float | None = None  # None: no scope limited
+    origins_paced: int = 0  # origins paced as a whole (a site rate, 503s)
+    slowest_origin_rate: float | None = None
 
 
 def format_progress(snap: Snapshot, prev: Snapshot | None, elapsed: float) -> str:
     """The progress line; per-minute rates from the totals' change since ``prev``
-    (None: since zero) over ``elapsed`` seconds."""
+    (None: since zero) over ``elapsed`` seconds. Then, when there are any, the named
+    scopes (how many, the slowest rate) and the origin-wide rate (one origin's, or how
+    many origins and the slowest)."""
     if prev is None:
         prev = Snapshot()
     per_min = 60.0 / elapsed if elapsed > 0 else 0.0
     admitted = max(0, snap.admitted_total - prev.admitted_total) * per_min
     limited = max(0, snap.rate_limited_total - prev.rate_limited_total) * per_min
-    return (f"exitlimit: exits {snap.exits_ready} ready, {snap.exits_cooling} cooling, "
+    line = (f"exitlimit: exits {snap.exits_ready} ready, {snap.exits_cooling} cooling, "
             f"{snap.exits_banned} banned, {snap.exits_dead} dead; "
             f"admitted {admitted:.0f}/min, 429 {limited:.0f}/min, parked {snap.parked}")
+    if snap.scopes:
+        scope_rate = snap.slowest_scope_rate
+        line += f"; scopes {snap.scopes}, " + (
+            "none limited" if scope_rate is None else f"slowest {_rate(scope_rate)} r/s")
+    if snap.slowest_origin_rate is not None:
+        origin_rate = _rate(snap.slowest_origin_rate)
+        line += (f"; origin rate {origin_rate} r/s" if snap.origins_paced == 1
+                 else f"; origin rates {snap.origins_paced}, slowest {origin_rate} r/s")
+    return line
+
+
+def _rate(rate: float) -> str:
+    """Three significant digits, never an exponent (0.05, 1.94, 19.6, 250)."""
+    return f"{rate:.3g}" if rate < 100 else f"{rate:.0f}"
 
 
 class ExitLimitProgress:

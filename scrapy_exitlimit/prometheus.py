@@ -3,8 +3,10 @@
 ``EXITLIMIT_PROMETHEUS_PORT = 9410`` serves them on ``EXITLIMIT_PROMETHEUS_ADDR``
 (default ``127.0.0.1``). Needs ``pip install 'scrapy-exitlimit[prometheus]'``.
 
-Labels are exit ids (never URLs) and, for the pair rate only, the origin: a
-crawl of many origins makes that gauge as many series as pairs.
+Labels are exit ids (never URLs), the origin for the pair rate (a crawl of many
+origins makes that gauge as many series as pairs) and for the origin-wide rate (a
+series only while an origin-wide rate paces the origin), and scope ids for a scope's
+rate, only with ``EXITLIMIT_STATS_PER_SCOPE`` (names, and so ids, may be many).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .config import read_setting
+from .config import read_bool, read_setting
 from .telemetry import EventLike
 
 PORT_SETTING = "EXITLIMIT_PROMETHEUS_PORT"
@@ -30,9 +32,10 @@ def _client() -> Any:
 
 
 class PrometheusMetrics:
-    """Counters, gauges and histograms in ``registry`` (a new one unless given)."""
+    """Counters, gauges and histograms in ``registry`` (a new one unless given);
+    ``per_scope``: a gauge of each named scope's rate as well."""
 
-    def __init__(self, registry: Any = None) -> None:
+    def __init__(self, registry: Any = None, *, per_scope: bool = False) -> None:
         pc = _client()
         self._server: Any = None  # the HTTP server from_settings started
         self.registry = registry if registry is not None else pc.CollectorRegistry()
@@ -53,14 +56,20 @@ class PrometheusMetrics:
                               ["exit"], registry=r)
         self.in_flight = pc.Gauge("exitlimit_in_flight", "Requests in flight on an exit",
                                   ["exit"], registry=r)
+        self.origin_rates = pc.Gauge("exitlimit_origin_rate",
+                                     "Rate an origin is paced at as a whole, r/s",
+                                     ["origin"], registry=r)
+        self.scope_rates = (pc.Gauge("exitlimit_scope_rate", "Rate a named scope is paced at, "
+                                     "r/s", ["scope"], registry=r) if per_scope else None)
 
     @classmethod
-    def serve(cls, port: int | None, addr: str) -> PrometheusMetrics | None:
+    def serve(cls, port: int | None, addr: str, *, per_scope: bool = False
+              ) -> PrometheusMetrics | None:
         """None for no port (``ExitLimitConfig.prometheus_port``); else serve the metrics
         there, on ``addr``."""
         if port is None:
             return None
-        metrics = cls()
+        metrics = cls(per_scope=per_scope)
         try:
             started = _client().start_http_server(port, addr=addr, registry=metrics.registry)
         except OSError as exc:
@@ -73,7 +82,8 @@ class PrometheusMetrics:
     @classmethod
     def from_settings(cls, settings: Any) -> PrometheusMetrics | None:
         """None unless ``EXITLIMIT_PROMETHEUS_PORT`` is set; then serve the metrics there."""
-        return cls.serve(read_setting(settings, PORT_SETTING), read_setting(settings, ADDR_SETTING))
+        return cls.serve(read_setting(settings, PORT_SETTING), read_setting(settings, ADDR_SETTING),
+                         per_scope=read_bool(settings, "EXITLIMIT_STATS_PER_SCOPE", False))
 
     def admission(self, origin: str, exit_id: str, wait: float, rate: float | None,
                   limit: int | None, in_flight: int, scopes: list[str] | None = None) -> None:
@@ -96,6 +106,13 @@ class PrometheusMetrics:
         for ev in events:
             self.adjustment(ev.kind, ev.origin, ev.exit_id, ev.detail)
 
+    def origin_rate(self, origin: str, rate: float | None) -> None:
+        _set_or_drop(self.origin_rates, origin, rate)
+
+    def scope_rate(self, scope_id: str, rate: float | None) -> None:
+        if self.scope_rates is not None:
+            _set_or_drop(self.scope_rates, scope_id, rate)
+
     def close(self) -> None:
         """Stop serving (if from_settings started the server); the values stay readable."""
         server, self._server = self._server, None
@@ -111,3 +128,11 @@ class PrometheusMetrics:
             self.limit.labels(exit_id).set(limit)
         if in_flight is not None:
             self.in_flight.labels(exit_id).set(in_flight)
+
+
+def _set_or_drop(gauge: Any, label: str, rate: float | None) -> None:
+    """A rate that no longer limits drops its series: the gauge holds the keys limited now."""
+    if rate is None:
+        gauge.remove(label)
+    else:
+        gauge.labels(label).set(rate)

@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .telemetry import ADJUST, ADMIT, RESPONSE
+from .telemetry import ADJUST, ADMIT, RATES, RESPONSE
 
 Record = dict[str, Any]
 #: subplots in one figure; the quieter exits are named in a note
 MAX_PLOTTED_EXITS = 12
 BIN = 1.0  # seconds per rate bin
+#: origin-wide and scope rates in the summary and the plot, the slowest (scopes may be many)
+MAX_RATE_ROWS = 20
+MAX_POOL_LINES = 8
 
 
 def load(path: str | Path) -> tuple[list[Record], int]:
@@ -158,11 +161,28 @@ def _table(title: str, rows: dict[str, KeyStats]) -> list[str]:
     return lines
 
 
+def _rates_table(paced: dict[str, tuple[list[float], list[float]]]) -> list[str]:
+    header = f"{'origin-wide / scope rate':<40} {'lowest':>7} {'last':>7}"
+    lines = [header, "-" * len(header)]
+    labels = slowest_first(paced)
+    for label in labels[:MAX_RATE_ROWS]:
+        ys = paced[label][1]
+        lowest = min(y for y in ys if not math.isnan(y))
+        last = "none" if math.isnan(ys[-1]) else format(ys[-1], ".3g")
+        lines.append(f"{label:<40} {lowest:>7.3g} {last:>7}")
+    if len(labels) > MAX_RATE_ROWS:
+        lines.append(f"... and {len(labels) - MAX_RATE_ROWS} more")
+    return lines
+
+
 def summarize(records: Sequence[Record], malformed: int = 0) -> str:
-    """A text summary: one table per exit, one per origin, and the adjustments by kind.
+    """A text summary: one table per exit, one per origin, the origin-wide and scope rates
+    (slowest first), and the adjustments by kind.
 
     ``last rate`` is the pair rate (r/s) at the last admission of each pair
-    (a range when the row has several pairs); ``mean wait`` in seconds parked.
+    (a range when the row has several pairs); ``mean wait`` in seconds parked. An
+    origin-wide or scope rate's ``lowest`` and ``last`` are in r/s (``none``: it no
+    longer limited at the end).
     """
     if not records:
         return "no telemetry records" + (f" ({malformed} malformed lines skipped)"
@@ -175,6 +195,9 @@ def summarize(records: Sequence[Record], malformed: int = 0) -> str:
     if malformed:
         lines[0] += f" ({malformed} malformed lines skipped)"
     lines += ["", *_table("exit", exits), "", *_table("origin", origins)]
+    paced = pool_rates(records)
+    if paced:
+        lines += ["", *_rates_table(paced)]
     if adjustments:
         lines += ["", "adjustments: " + ", ".join(
             f"{kind} {n}" for kind, n in sorted(adjustments.items(), key=lambda kv: -kv[1]))]
@@ -290,27 +313,37 @@ def pick_exits(by_exit: dict[str, ExitTrack], ranked: list[str], room: int) -> l
 
 
 def pool_rates(records: Iterable[Record]) -> dict[str, tuple[list[float], list[float]]]:
-    """Learned rates wider than a pair, by label: ``origin rate <origin>`` from any record
-    with a numeric ``origin_rate`` (or an ``adjust`` of kind ``origin_rate`` with a numeric
-    ``rate`` / ``value``), ``scope <name>`` from a numeric ``scope_rate``. Records without
-    them (older telemetry) give nothing."""
+    """Rates wider than a pair, by label, from the ``rates`` records: ``origin rate
+    <origin>`` from ``origin_rate``, ``scope <scope id>`` from ``scope_rate``. A null (no
+    longer limited) after a rate is NaN: a gap in the line. Telemetry written before
+    ``rates`` records existed gives nothing."""
     lines: dict[str, tuple[list[float], list[float]]] = {}
-
-    def add(label: str, t: float, value: Any) -> None:
-        if _is_number(value):
-            xs, ys = lines.setdefault(label, ([], []))
-            xs.append(t)
-            ys.append(float(value))
-
     for rec in sorted(records, key=lambda r: r["t"]):
-        origin = rec.get("origin")
-        add(f"origin rate {origin}", rec["t"], rec.get("origin_rate"))
-        if rec["ev"] == ADJUST and rec.get("kind") == "origin_rate":
-            add(f"origin rate {origin}", rec["t"],
-                rec.get("rate") if _is_number(rec.get("rate")) else rec.get("value"))
-        if "scope_rate" in rec:
-            add(f"scope {rec.get('scope')}", rec["t"], rec.get("scope_rate"))
+        if rec["ev"] != RATES:
+            continue
+        if "origin_rate" in rec:
+            label, value = f"origin rate {rec.get('origin')}", rec["origin_rate"]
+        elif "scope_rate" in rec:
+            label, value = f"scope {rec.get('scope')}", rec["scope_rate"]
+        else:
+            continue
+        if value is None and label in lines:
+            value = math.nan
+        elif not _is_number(value):
+            continue
+        xs, ys = lines.setdefault(label, ([], []))
+        xs.append(rec["t"])
+        ys.append(float(value))
     return lines
+
+
+def slowest_first(lines: dict[str, tuple[list[float], list[float]]]) -> list[str]:
+    """The labels of :func:`pool_rates` by the lowest rate each reached: the scopes and
+    origins that held the crawl back most come first."""
+    def lowest(label: str) -> float:
+        return min((y for y in lines[label][1] if not math.isnan(y)), default=math.inf)
+
+    return sorted(lines, key=lambda label: (lowest(label), label))
 
 
 def plot(records: Sequence[Record], out_png: str | Path,
@@ -319,8 +352,8 @@ def plot(records: Sequence[Record], out_png: str | Path,
 
     - above :data:`HEATMAP_ABOVE` exits, a heat map of the whole pool: one row per exit
       (trouble first), colour = admissions per second, marks for 429s, bans, evictions;
-    - the pool: admissions per second over all exits, and the learned origin-wide and
-      scope rates when the telemetry has them;
+    - the pool: admissions per second over all exits, and the origin-wide and scope
+      rates when the telemetry has them (the :data:`MAX_POOL_LINES` slowest);
     - one panel per exit for up to ``max_exits`` exits, trouble first (429s, bans,
       evictions, breakers, faults), then the busiest; how many were left out is said
       on the figure. Panels share one y scale; an exit's lines stop when it was last
@@ -443,14 +476,20 @@ def _pool_panel(ax: Any, by_exit: dict[str, ExitTrack], records: Sequence[Record
     everything = [t - t0 for track in by_exit.values() for t, _, _ in track.admits]
     ax.stairs(_binned(everything, nbins), edges, fill=True, alpha=0.35, color="#2ca02c",
               label="admitted r/s, whole pool")
-    for label, (xs, ys) in pool_rates(records).items():
+    paced = pool_rates(records)
+    labels = slowest_first(paced)
+    for label in labels[:MAX_POOL_LINES]:
+        xs, ys = paced[label]
         ax.step([x - t0 for x in xs] + [edges[-1]], [*ys, ys[-1]], where="post",
-                linewidth=1.4, label=f"learned {label}")
+                linewidth=1.4, label=label)
     ax.set_xlim(0, edges[-1])
     ax.set_ylim(bottom=0)
     ax.set_ylabel("r/s")
     ax.set_xlabel("seconds since start", fontsize=8)
-    ax.set_title("the pool", fontsize=9, loc="left", fontweight="bold")
+    more = len(labels) - MAX_POOL_LINES
+    ax.set_title("the pool" + (f" ({more} faster scope or origin rates left out: the text "
+                               "report)" if more > 0 else ""),
+                 fontsize=9, loc="left", fontweight="bold")
     ax.legend(fontsize=7, loc="upper right")
 
 

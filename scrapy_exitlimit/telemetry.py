@@ -1,8 +1,10 @@
-"""Telemetry: one JSON object per line for every admission, answer and adjustment.
+"""Telemetry: one JSON object per line for every admission, answer, adjustment and rate
+change.
 
 ``EXITLIMIT_TELEMETRY = "crawl.jsonl"`` turns it on. Every record has ``t`` (wall
-time, unix seconds, ms precision), ``ev`` (``admit`` / ``response`` / ``adjust``),
-``origin`` and ``exit`` (the exit *id*: never a proxy URL), plus its own fields::
+time, unix seconds, ms precision) and ``ev`` (``admit`` / ``response`` / ``adjust`` /
+``rates``); all but ``rates`` have ``origin`` and ``exit`` (the exit *id*: never a
+proxy URL), plus their own fields::
 
     {"t":1718000000.123,"ev":"admit","origin":"https://a.com","exit":"p1:8000","wait":0.2,
      "rate":5,"limit":4,"in_flight":2}
@@ -10,6 +12,12 @@ time, unix seconds, ms precision), ``ev`` (``admit`` / ``response`` / ``adjust``
      "status":429,"signal":"rate_limited","latency":0.333,"rate":5,"limit":4,"in_flight":1}
     {"t":1718000000.457,"ev":"adjust","origin":"https://a.com","exit":"p1:8000",
      "kind":"rate_down","detail":"5 -> 3.5 r/s"}
+    {"t":1718000001.000,"ev":"rates","origin":"https://a.com","origin_rate":19.6}
+    {"t":1718000001.000,"ev":"rates","scope":"scope~3f2a9c0d1b7e","scope_rate":3.9}
+
+A ``rates`` record says an origin-wide rate (the origin paced as a whole) or a named
+scope's rate changed (the middleware looks once a second, never per admission);
+``null`` when it no longer limits. Scopes appear by id only: names may be secrets.
 
 It sits on the hot path (hundreds of calls a second), so records are formatted
 with ``%`` from pre-escaped strings rather than ``json.dumps``, and written
@@ -30,7 +38,7 @@ from .config import read_setting
 
 SETTING = "EXITLIMIT_TELEMETRY"
 #: the record kinds, as written in ``ev``
-ADMIT, RESPONSE, ADJUST = "admit", "response", "adjust"
+ADMIT, RESPONSE, ADJUST, RATES = "admit", "response", "adjust", "rates"
 FLUSH_INTERVAL = 1.0
 _BUFFER = 1 << 16
 # pre-escaped strings: origins and exit ids are few, but bound the cache anyway
@@ -41,6 +49,8 @@ _ADMIT = ('{"t":%.3f,"ev":"admit","origin":%s,"exit":%s,"wait":%s,"rate":%s,"lim
 _RESPONSE = ('{"t":%.3f,"ev":"response","origin":%s,"exit":%s,"status":%s,"signal":%s,'
              '"latency":%s,"rate":%s,"limit":%s,"in_flight":%s}\n')
 _ADJUST = '{"t":%.3f,"ev":"adjust","origin":%s,"exit":%s,"kind":%s,"detail":%s}\n'
+_ORIGIN_RATE = '{"t":%.3f,"ev":"rates","origin":%s,"origin_rate":%s}\n'
+_SCOPE_RATE = '{"t":%.3f,"ev":"rates","scope":%s,"scope_rate":%s}\n'
 
 
 class EventLike(Protocol):
@@ -147,6 +157,16 @@ class Telemetry:
         """:meth:`adjustment` for each of the limiter's ``Event`` objects."""
         for ev in events:
             self.adjustment(ev.kind, ev.origin, ev.exit_id, ev.detail)
+
+    def origin_rate(self, origin: str, rate: float | None) -> None:
+        """The rate ``origin`` is paced at as a whole changed (None: no longer paced)."""
+        t = self.clock()
+        self._write(_ORIGIN_RATE % (t, self._quote(origin), _num(rate)), t)
+
+    def scope_rate(self, scope_id: str, rate: float | None) -> None:
+        """The rate of the named scope ``scope_id`` changed (None: no longer limited)."""
+        t = self.clock()
+        self._write(_SCOPE_RATE % (t, self._quote(scope_id), _num(rate)), t)
 
     # -- file --------------------------------------------------------------
     def flush(self) -> None:

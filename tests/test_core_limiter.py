@@ -96,6 +96,18 @@ def test_origin_budget_caps_all_exits_together():
     assert isinstance(lim.try_admit(SITE), Lease)
 
 
+def test_origin_rates_are_the_origins_paced_as_a_whole():
+    clock = FakeClock(0.0)
+    lim = limiter(2, clock, rate=100.0, origin_rate=2.0)
+    assert isinstance(lim.try_admit(SITE), Lease)
+    assert lim.origin_rates() == {SITE: 2.0}
+    free = limiter(2, clock)
+    lease = free.try_admit(SITE)
+    assert isinstance(lease, Lease) and free.origin_rates() == {}  # per pair only
+    free.overloaded(lease, None)  # a 503: the origin's budget paces it as a whole
+    assert set(free.origin_rates()) == {SITE}
+
+
 def test_origin_budget_re_anchors_on_when_requests_arrived():
     """The origin's requests take many paths: one that reached the server late must not
     bring the next (on another exit) too close. Until a few answers show what fast is, a

@@ -77,3 +77,17 @@ async def test_logs_every_interval_between_open_and_close(caplog):
         await deferLater(reactor, 0.1, lambda: None)
     assert 2 <= logged <= 4
     assert len(caplog.records) == logged  # stopped at close
+
+
+def test_format_progress_counts_scopes_and_origins_paced_as_a_whole():
+    base = dict(exits_ready=10, admitted_total=60)
+    plain = format_progress(Snapshot(**base), None, 60.0)
+    assert plain.endswith("parked 0")  # no scope, no origin rate: nothing more
+    line = format_progress(Snapshot(**base, scopes=40, slowest_scope_rate=1.94,
+                                    origins_paced=1, slowest_origin_rate=19.6), None, 60.0)
+    assert line == plain + "; scopes 40, slowest 1.94 r/s; origin rate 19.6 r/s"
+    many = format_progress(Snapshot(**base, origins_paced=3, slowest_origin_rate=250.4),
+                           None, 60.0)
+    assert many == plain + "; origin rates 3, slowest 250 r/s"
+    unlimited = format_progress(Snapshot(**base, scopes=2), None, 60.0)
+    assert unlimited == plain + "; scopes 2, none limited"

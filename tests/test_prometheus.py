@@ -56,3 +56,18 @@ def test_from_settings_serves_on_loopback():
     m.close()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+
+def test_origin_and_scope_rates_are_gauges_while_they_limit():
+    m = PrometheusMetrics()
+    m.origin_rate("https://a.com", 19.6)
+    m.scope_rate("scope~3f2a9c0d1b7e", 3.9)  # per-scope series are opt-in
+    assert value(m, "exitlimit_origin_rate", origin="https://a.com") == 19.6
+    assert "exitlimit_scope_rate" not in {metric.name for metric in m.registry.collect()}
+    m.origin_rate("https://a.com", None)  # no longer paced as a whole: its series goes
+    assert value(m, "exitlimit_origin_rate", origin="https://a.com") is None
+    scoped = PrometheusMetrics(per_scope=True)
+    scoped.scope_rate("scope~3f2a9c0d1b7e", 3.9)
+    assert value(scoped, "exitlimit_scope_rate", scope="scope~3f2a9c0d1b7e") == 3.9
+    scoped.scope_rate("scope~3f2a9c0d1b7e", None)
+    assert value(scoped, "exitlimit_scope_rate", scope="scope~3f2a9c0d1b7e") is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -168,22 +169,56 @@ def test_a_large_pool_gets_a_heat_map_and_the_detail_shows_each_kind(tmp_path):
     assert out.stat().st_size > 0
 
 
-def test_learned_origin_and_scope_rates_are_drawn_when_telemetry_has_them(tmp_path):
-    records = [
-        {"t": 1.0, "ev": "admit", "origin": "https://a.com", "exit": "e:1", "rate": 2,
-         "origin_rate": 10},
-        {"t": 2.0, "ev": "adjust", "origin": "https://a.com", "exit": None,
-         "kind": "origin_rate", "rate": 8.5, "detail": "10 -> 8.5 r/s"},
-        {"t": 3.0, "ev": "adjust", "origin": "https://a.com", "kind": "origin_rate",
-         "value": "junk"},
-        {"t": 3.5, "ev": "adjust", "origin": "https://a.com", "scope": "acct-1",
-         "scope_rate": 3},
-        {"t": 4.0, "ev": "admit", "origin": "https://a.com", "exit": "e:1", "rate": 2},
-    ]
+def write_rates(path: Path, scopes: int = 1) -> Path:
+    """What the middleware writes: an origin paced at 10 then 8.5 r/s, then no longer;
+    scopes at 3 r/s and up (the first one 2 r/s later); admissions around them."""
+    clock = FakeClock(1.0)
+    tel = Telemetry(path, clock=clock)
+    tel.admission("https://a.com", "e:1", wait=0.0, rate=2.0, limit=4, in_flight=1)
+    tel.origin_rate("https://a.com", 10.0)
+    for i in range(scopes):
+        tel.scope_rate(f"scope~{i:012x}", 3.0 + i)
+    clock.advance(1.0)
+    tel.origin_rate("https://a.com", 8.5)
+    tel.scope_rate("scope~000000000000", 2.0)
+    clock.advance(1.0)
+    tel.origin_rate("https://a.com", None)
+    tel.scope_rate("scope~ffffffffffff", None)  # never limited: nothing to draw
+    tel.admission("https://a.com", "e:1", wait=0.0, rate=2.0, limit=4, in_flight=1)
+    tel.close()
+    return path
+
+
+def test_origin_and_scope_rates_are_read_from_the_rates_records(tmp_path):
+    records, malformed = report.load(write_rates(tmp_path / "t.jsonl"))
+    assert malformed == 0
     lines = report.pool_rates(records)
-    assert lines["origin rate https://a.com"] == ([1.0, 2.0], [10.0, 8.5])
-    assert lines["scope acct-1"] == ([3.5], [3.0])
-    assert report.pool_rates(records[-1:]) == {}  # older telemetry: nothing to draw
+    assert set(lines) == {"origin rate https://a.com", "scope scope~000000000000"}
+    xs, ys = lines["origin rate https://a.com"]
+    assert xs == [1.0, 2.0, 3.0] and ys[:2] == [10.0, 8.5]
+    assert math.isnan(ys[2])  # no longer paced: a gap from there on
+    assert lines["scope scope~000000000000"] == ([1.0, 2.0], [3.0, 2.0])
+    admits = [r for r in records if r["ev"] == "admit"]
+    assert admits and report.pool_rates(admits) == {}  # older telemetry: nothing to draw
+    # a rate on any other record is not one the telemetry writes
+    assert report.pool_rates([{**admits[0], "origin_rate": 10}]) == {}
+    text = report.summarize(records)
+    assert text.index("scope scope~000000000000") < text.index("origin rate https://a.com")
+    origin_row = next(r for r in text.splitlines() if r.startswith("origin rate"))
+    assert origin_row.split()[-2:] == ["8.5", "none"]  # lowest, last
+    pytest.importorskip("matplotlib")
+    report.plot(records, tmp_path / "o.png")
+
+
+def test_many_scopes_are_cut_to_the_slowest(tmp_path):
+    records, _ = report.load(write_rates(tmp_path / "t.jsonl", scopes=30))
+    assert len(report.pool_rates(records)) == 31
+    slowest = report.slowest_first(report.pool_rates(records))
+    assert slowest[:2] == ["scope scope~000000000000", "scope scope~000000000001"]
+    assert slowest[-1] == "scope scope~00000000001d"
+    text = report.summarize(records)
+    assert f"... and {31 - report.MAX_RATE_ROWS} more" in text
+    assert "scope~00000000001d" not in text  # the fastest is left out
     pytest.importorskip("matplotlib")
     report.plot(records, tmp_path / "o.png")
 

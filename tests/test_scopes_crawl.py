@@ -7,9 +7,12 @@ measurement, docs/benchmarks.md).
 
 from __future__ import annotations
 
+import logging
+
 import pytest_twisted
 import scrapy
 
+from scrapy_exitlimit import report
 from scrapy_exitlimit.lab import Lab, OriginConfig
 from scrapy_exitlimit.lab.spider import PagesSpider
 
@@ -22,11 +25,15 @@ class AccountSpider(PagesSpider):
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_configured_account_rate_over_ten_exits_draws_no_429s(caplog):
+async def test_a_configured_account_rate_over_ten_exits_draws_no_429s(caplog, tmp_path):
     lab = Lab(exits=10, origin=OriginConfig(rate=None, account_rate=8))
-    crawler = await crawl_lab(lab, {"EXITLIMIT_SCOPES": {"acct-*": {"rate": 8}},
-                                    "EXITLIMIT_STATS_PER_SCOPE": True,
-                                    "EXITLIMIT_DEBUG": True}, 64, AccountSpider)
+    telemetry = tmp_path / "crawl.jsonl"
+    with caplog.at_level(logging.INFO, logger="scrapy_exitlimit"):
+        crawler = await crawl_lab(lab, {"EXITLIMIT_SCOPES": {"acct-*": {"rate": 8}},
+                                        "EXITLIMIT_STATS_PER_SCOPE": True,
+                                        "EXITLIMIT_TELEMETRY": str(telemetry),
+                                        "LOGSTATS_INTERVAL": 1.0,
+                                        "EXITLIMIT_DEBUG": True}, 64, AccountSpider)
     spider = crawler.spider
     stats = crawler.stats.get_stats()
     assert len(spider.ok) == 64 and not spider.failed
@@ -44,6 +51,14 @@ async def test_a_configured_account_rate_over_ten_exits_draws_no_429s(caplog):
     per_scope = [k for k in stats if k.startswith("exitlimit/scope/")]
     assert per_scope and all("SECRET" not in k for k in per_scope)
     assert "SECRET" not in caplog.text
+    # the scope's rate in telemetry and the report, by its id; in the progress line
+    account = crawler.exitlimit.config.scopes.scope("acct-SECRET-1").id
+    records, _ = report.load(telemetry)
+    assert [(r["scope"], r["scope_rate"]) for r in records if "scope_rate" in r] == [
+        (account, 8)]  # configured: one record, not one per admission
+    assert "SECRET" not in telemetry.read_text()
+    assert report.pool_rates(records)[f"scope {account}"][1] == [8.0]
+    assert "; scopes 1, slowest 8 r/s" in caplog.text
 
 
 @pytest_twisted.ensureDeferred

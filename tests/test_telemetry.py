@@ -8,6 +8,7 @@ import pytest
 from scrapy.settings import Settings
 
 from scrapy_exitlimit.core import Event
+from scrapy_exitlimit.middleware import RateChanges
 from scrapy_exitlimit.telemetry import Telemetry
 
 from .conftest import FakeClock
@@ -91,3 +92,29 @@ def test_from_settings(tmp_path):
     for bad in (str(tmp_path / "missing" / "t.jsonl"), str(tmp_path), 5):
         with pytest.raises(ValueError, match="EXITLIMIT_TELEMETRY"):
             Telemetry.from_settings(Settings({"EXITLIMIT_TELEMETRY": bad}))
+
+
+def test_rates_records_carry_an_origin_or_a_scope_id_and_its_rate(tmp_path):
+    clock = FakeClock(1_700_000_000.0)
+    path = tmp_path / "t.jsonl"
+    tel = Telemetry(path, clock=clock)
+    tel.origin_rate("https://a.com", 19.6)
+    tel.scope_rate("scope~3f2a9c0d1b7e", 3.9)
+    tel.origin_rate("https://a.com", None)
+    tel.scope_rate("scope~3f2a9c0d1b7e", float("inf"))
+    tel.close()
+    assert lines(path) == [
+        {"t": 1_700_000_000.0, "ev": "rates", "origin": "https://a.com", "origin_rate": 19.6},
+        {"t": 1_700_000_000.0, "ev": "rates", "scope": "scope~3f2a9c0d1b7e", "scope_rate": 3.9},
+        {"t": 1_700_000_000.0, "ev": "rates", "origin": "https://a.com", "origin_rate": None},
+        {"t": 1_700_000_000.0, "ev": "rates", "scope": "scope~3f2a9c0d1b7e", "scope_rate": None},
+    ]
+
+
+def test_rate_changes_give_only_what_changed_and_none_for_what_no_longer_limits():
+    changes = RateChanges()
+    assert changes.update({"a": 2.0, "b": None}) == {"a": 2.0}  # b never limited: nothing
+    assert changes.update({"a": 2.0, "b": None}) == {}  # the same: no record
+    assert changes.update({"a": 1.5, "b": 3.0}) == {"a": 1.5, "b": 3.0}
+    assert changes.update({"b": None}) == {"a": None, "b": None}  # gone, and unlimited
+    assert changes.update({}) == {}

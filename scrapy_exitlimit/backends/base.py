@@ -181,6 +181,11 @@ class Backend:
         """Each named scope's id and the rate it is paced at now (None: not limited)."""
         return self.limiter.scope_view()
 
+    def origin_rates(self) -> dict[str, float]:
+        """The origins paced as a whole (a site rate, EXITLIMIT_ORIGIN_RATE, 503s) and the
+        rate each is paced at now."""
+        return self.limiter.origin_rates()
+
     def stats(self) -> dict[str, Any]:
         return {}
 

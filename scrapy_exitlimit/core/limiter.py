@@ -405,6 +405,13 @@ class Limiter:
         """Each scope's id and the rate it is paced at now (None: learned, not limited)."""
         return {key: state.rate for key, state in self.scopes.states.items()}
 
+    def origin_rates(self) -> dict[str, float]:
+        """The rate each origin paced as a whole is paced at now (its site rate, configured
+        or learned, or its 503 budget: ``budget.py``), as last synced; origins without an
+        origin-wide budget are left out."""
+        return {key: state.budget.bucket.rate for key, state in self.origins.items()
+                if state.budget.bucket is not None}
+
     def pool_alive(self, now: float | None = None) -> bool:
         return self.pool.alive(self.clock() if now is None else now)
 
