@@ -235,7 +235,8 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0,
     pages = args.pages
     if name == "global-delay":  # one global delay crawls at 1/exits of the pool: keep it short
         pages = min(pages, args.global_delay_pages)
-    procs = args.procs if args.scenario == "shared" else 1
+    # scenario shared runs 3 processes unless told; any other, one unless told
+    procs = args.procs or (3 if args.scenario == "shared" else 1)
     share = pages // procs
     outage = None
     if args.outage and "redis" in name:
@@ -395,7 +396,9 @@ def main() -> None:
                     help="save the origin's arrivals per strategy and run (NAME.RUN.json)")
     ap.add_argument("--logs", metavar="DIR", help="save each crawl process's log (BENCH_LOG "
                     "sets its level, WARNING by default)")
-    ap.add_argument("--procs", type=int, default=3, help="crawl processes in scenario shared")
+    ap.add_argument("--procs", type=int, default=0,
+                    help="crawl processes at once on the same exits, each a share of the pages "
+                         "(default: 3 in scenario shared, else 1)")
     ap.add_argument("--outage", type=float, nargs=2, metavar=("AT", "FOR"),
                     help="Redis strategies: kill redis-server AT s into each crawl, start it "
                          "again (empty) FOR s later")
