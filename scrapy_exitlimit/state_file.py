@@ -314,7 +314,8 @@ def locked(path: str | os.PathLike, timeout: float) -> Iterator[bool]:
 
 
 def _lock(fd: int, timeout: float) -> bool:
-    """Tries for the lock until ``timeout``, never blocking (saves run on the reactor)."""
+    """Tries for the lock until ``timeout``: saves run on the reactor thread, so the wait
+    is bounded (another process holds the lock only for its own read-merge-write)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
