@@ -415,3 +415,28 @@ async def test_a_learned_scope_rate_is_shared_between_processes(redis_url, monke
     finally:
         await one.close()
         await two.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_scope_without_a_token_costs_one_admission_call_not_one_per_chunk(redis_url):
+    """The script says when a scope's (or the origin's) token held up a ready pair: the
+    other candidates would wait for the same token, so they are not tried in a second
+    call (a scoped request gets no token reserved ahead: each wake is a call)."""
+    from twisted.internet.defer import Deferred
+
+    exits = [f"http://127.0.0.{10 + i}:3128" for i in range(10)]  # more than the first few
+    settings = Settings({"EXITLIMIT_EXITS": exits, "EXITLIMIT_RATE": 100,
+                         "EXITLIMIT_SCOPES": {"acct-*": {"rate": 0.5}},
+                         **redis_crawl_settings(redis_url)})
+    one, two = _two_processes(settings)
+    scope = one.config.scopes.scope("acct-1")
+    try:
+        got = await Deferred.fromFuture(one.admit("http://o", 1, one.clock(), scopes=(scope,)))
+        assert len(got.leases) == 1
+        before = one.calls["admit"]
+        got = await Deferred.fromFuture(one.admit("http://o", 1, one.clock(), scopes=(scope,)))
+        assert got.leases == [] and got.ready_at >= one.clock() + 1.0  # the scope's token
+        assert one.calls["admit"] == before + 1
+    finally:
+        await one.close()
+        await two.close()

@@ -103,6 +103,20 @@ def test_an_exit_at_its_lease_limit_is_skipped_and_reported(script):
     assert granted == [] and blocked == 1 and wait == float("inf")
 
 
+def test_a_shared_budget_holding_up_a_ready_pair_is_reported_apart_from_the_pairs(script):
+    # the origin's budget spent by the first call: the next one finds "b" ready and the
+    # budget not (2), and the caller need not try other candidates for the same token
+    *_, granted = admit(script, ["a"], interval=0.0001, origin_interval=10.0)
+    assert [e for e, _ in granted] == ["a"]
+    now, wait, blocked, _, granted = admit(script, ["b"], interval=0.0001, first_id=2,
+                                           origin_interval=10.0)
+    assert granted == [] and blocked == 2 and wait == pytest.approx(now + 10.0, abs=0.1)
+    # no candidate ready: the pairs' wait, not the budget's doing
+    _, _, blocked, _, granted = admit(script, ["a"], interval=10.0, first_id=3,
+                                      origin_interval=10.0)
+    assert granted == [] and blocked == 0
+
+
 def test_expired_leases_free_their_place(script, client):
     admit(script, ["a"], limit=1, ttl=-1.0, interval=0.0001)  # a lease that expired already
     *_, granted = admit(script, ["a"], limit=1, interval=0.0001, first_id=2)

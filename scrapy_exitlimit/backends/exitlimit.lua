@@ -73,8 +73,9 @@ if op == 'admit' then
   -- ARGV: op, want, token prefix, first lease id, lease ttl, origin interval, origin tolerance,
   --       releases R, reserve horizon, phase (0..1), then 4 per release, then (interval,
   --       tolerance, limit, may reserve) per candidate, then (interval, tolerance) per scope
-  -- reply: now, wait, lease blocked, learn version, then (candidate index, gap since the
-  --        pair's previous admission, when it may go: 0 now, else a reserved time) per lease
+  -- reply: now, wait, what stood in the way (1: a lease limit, + 2: a shared budget, with
+  --        a candidate ready), learn version, then (candidate index, gap since the pair's
+  --        previous admission, when it may go: 0 now, else a reserved time) per lease
   local want = tonumber(ARGV[2])
   local prefix = ARGV[3]
   local next_id = tonumber(ARGV[4])
@@ -152,6 +153,7 @@ if op == 'admit' then
   local out = {}
   local wait = math.huge
   local lease_blocked = 0
+  local shared_blocked = 0
   local admitted = 0
   -- one lease on pair x at time `at` (now, or a reserved later time)
   local function take(i, at)
@@ -197,7 +199,10 @@ if op == 'admit' then
     if #shared > 0 then
       local sready = shared_ready()
       if sready > now then
-        wait = math.min(wait, sready)
+        -- a ready pair waits for the shared token: nothing goes before it, whatever
+        -- other pairs' tokens say (and every other candidate would wait for it too)
+        wait = sready
+        shared_blocked = 2
         break
       end
     end
@@ -248,7 +253,8 @@ if op == 'admit' then
     end
   end
   local v = redis.call('HGET', KEYS[2], 'v') or '0'
-  local reply = {f6(now), wait == math.huge and 'inf' or f6(wait), lease_blocked, v}
+  local reply = {f6(now), wait == math.huge and 'inf' or f6(wait),
+                 lease_blocked + shared_blocked, v}
   for i = 1, #out do
     reply[#reply + 1] = out[i]
   end

@@ -668,7 +668,7 @@ class RedisBackend(Backend):
             self._planned[origin] = now
         leases: list[Lease] = []
         reserved: list[tuple[float, int, Lease]] = []
-        wait, lease_blocked = math.inf, False
+        wait, lease_blocked, shared_blocked = math.inf, False, False
         for chunk in (best, None):
             if len(leases) + len(reserved) >= want:
                 break
@@ -682,7 +682,7 @@ class RedisBackend(Backend):
             if not chunk:
                 continue
             try:
-                granted, chunk_wait, blocked = await self._admit_on(
+                granted, chunk_wait, blocked, shared_blocked = await self._admit_on(
                     origin, want - len(leases) - len(reserved), chunk,
                     pinned is None and not scopes, scopes)
             except (redis.RedisError, OSError) as exc:
@@ -693,7 +693,14 @@ class RedisBackend(Backend):
                     reserved.append((at, lease.id, lease))
                 else:
                     leases.append(lease)
-            wait, lease_blocked = min(wait, chunk_wait), lease_blocked or blocked
+            lease_blocked = lease_blocked or blocked
+            if shared_blocked:
+                # a shared budget's token (the origin's, a scope's) held up a ready
+                # candidate: nothing goes before it, and the rest of the candidates would
+                # wait for the same token (not worth a call)
+                wait = chunk_wait
+                break
+            wait = min(wait, chunk_wait)
             if reserved:
                 break
         self._sync_learning(origin)
@@ -706,8 +713,11 @@ class RedisBackend(Backend):
             wait = min(wait, self.clock() + LEASE_POLL)
         # a pair waiting for its first answer (single file) is woken by that answer
         release_helps = lease_blocked or self._single_file(origin)
-        self._next_call = self.clock() if leases else min(wait, earliest)
-        return Admission(leases, min(wait, earliest), release_helps)
+        # a shared budget's token held up a ready pair: nothing goes before it, whatever
+        # this process's plan says of the pairs
+        ready_at = wait if shared_blocked else min(wait, earliest)
+        self._next_call = self.clock() if leases else ready_at
+        return Admission(leases, ready_at, release_helps)
 
     def _single_file(self, origin: str) -> bool:
         """Whether a pair of this origin waits for its first answer (which wakes the
@@ -778,10 +788,11 @@ class RedisBackend(Backend):
 
     async def _admit_on(self, origin: str, want: int, candidates: list[Candidate],
                         reserve: bool, scopes: tuple[Scope, ...] = ()
-                        ) -> tuple[list[tuple[float, Lease]], float, bool]:
+                        ) -> tuple[list[tuple[float, Lease]], float, bool, bool]:
         """One admission call on these candidates: ((when it may go: 0 now, else its
         reserved token's time; lease) each, when to ask again, whether a lease limit
-        stood in the way). ``reserve``: tokens due soon may be reserved. ``scopes``: the
+        stood in the way, whether a shared budget (the origin's, a scope's) did while a
+        candidate was ready). ``reserve``: tokens due soon may be reserved. ``scopes``: the
         named budgets each lease also takes, at the rates this process paces them at
         (configured, or learned: synced first), with the origin's."""
         limiter = self.limiter
@@ -809,8 +820,8 @@ class RedisBackend(Backend):
                 args += [repr(bucket.interval), repr(bucket.tolerance)]
         reply = await self._call(keys, args)
         received = time.monotonic()
-        redis_now, wait, lease_blocked, version = (float(reply[0]), float(reply[1]),
-                                                   int(reply[2]), str(reply[3]))
+        redis_now, wait, blocked, version = (float(reply[0]), float(reply[1]),
+                                             int(reply[2]), str(reply[3]))
         self._observe_time(redis_now, received)
         if len(reply) == 4:
             self.empty_admissions += 1
@@ -826,7 +837,7 @@ class RedisBackend(Backend):
             leases.append((at, lease))
         if version != self._learn_seen.get(origin):
             await self._pull_learning(origin, version)
-        return leases, wait, bool(lease_blocked)
+        return leases, wait, bool(blocked & 1), bool(blocked & 2)
 
     def _origin_keys(self, origin: str) -> tuple[str, str]:
         keys = self._keys.get(origin)
