@@ -412,6 +412,11 @@ async def test_a_learned_scope_rate_is_shared_between_processes(redis_url, monke
         await admit_scoped(two)  # the read back starts here ...
         await admit_scoped(two)  # ... and what it read paces this one
         assert learned(two).hi == learned(one).hi == 1.0
+        # forgotten when idle (the limiter's rule), it leaves the backend's books too
+        two.limiter.forget_idle(two.clock() + 2 * 3600)
+        two._forget_scopes()
+        assert scope.id not in two._scope_seen and scope.id not in two._scope_used
+        assert scope.id in one._scope_seen  # the other process still uses it
     finally:
         await one.close()
         await two.close()

@@ -222,7 +222,7 @@ class RedisBackend(Backend):
         #: learned scopes, as origins above: version seen, what was last published, when
         #: last looked at / read back / used
         self._scope_seen: dict[str, str] = {}
-        self._scope_marks: dict[str, tuple | None] = {}
+        self._scope_marks: dict[str, tuple] = {}
         self._scope_checked: dict[str, float] = {}
         self._scope_pulled: dict[str, float] = {}
         self._scope_used: dict[str, float] = {}
@@ -380,11 +380,12 @@ class RedisBackend(Backend):
                 await script(keys=[self._key("learn", origin)],
                              args=["learn_put", self._learn_seen[origin],
                                    json.dumps(self._learning_blob(origin)), self.learn_ttl])
-        for scope_id in self._scope_used:
-            data = self.limiter.scopes.export(scope_id)
-            if data is not None and scope_id in self._scope_seen:
+        for scope_id in self._scope_used:  # (a scope has no warm copy: only what changed)
+            mark = self._scope_mark(scope_id)
+            if scope_id in self._scope_seen and mark not in (None, self._scope_marks.get(scope_id)):
                 await script(keys=[self._scope_key(scope_id)],
-                             args=["learn_put", self._scope_seen[scope_id], json.dumps(data),
+                             args=["learn_put", self._scope_seen[scope_id],
+                                   json.dumps(self.limiter.scopes.export(scope_id)),
                                    self.learn_ttl])
         keys = [*(self._origin_keys(o)[1] for o in used),
                 *(self._scope_key(scope_id) for scope_id in self._scope_used)]
@@ -419,6 +420,16 @@ class RedisBackend(Backend):
         self._touched = now
         if used:
             self._spawn(self._shared_op(used, ["learn_touch", self.learn_ttl]))
+        self._forget_scopes()
+
+    def _forget_scopes(self) -> None:
+        """Scopes the limiter forgot (idle: ``ScopeTable.forget_idle``) leave this
+        backend's books too: scope names can be many, and each met again is read afresh."""
+        states = self.limiter.scopes.states
+        for scope_id in [k for k in self._scope_used if k not in states]:
+            for book in (self._scope_seen, self._scope_marks, self._scope_checked,
+                         self._scope_pulled, self._scope_used):
+                book.pop(scope_id, None)
 
     def recalled(self, origins: list[str]) -> None:
         """What EXITLIMIT_STATE_FILE held goes into Redis where Redis has nothing for the
@@ -935,15 +946,22 @@ class RedisBackend(Backend):
         self._publishing.add(origin)
         self._spawn(self._publish(origin, mark))
 
+    async def _put_learned(self, key: str, base: str, data: Any
+                           ) -> tuple[bool, str, str] | None:
+        """Compare-and-set of a learn blob made from version ``base``: (stored, the
+        version now, what is there when not stored); None when Redis is not reachable."""
+        reply = await self._shared_op([key], ["learn_put", base, json.dumps(data),
+                                              self.learn_ttl])
+        return None if reply is None else (bool(int(reply[0])), str(reply[1]), reply[2])
+
     async def _publish(self, origin: str, mark: tuple) -> None:
         try:
-            blob = json.dumps(self._learning_blob(origin))
-            base = self._learn_seen.get(origin, "0")
-            reply = await self._shared_op([self._key("learn", origin)],
-                                          ["learn_put", base, blob, self.learn_ttl])
-            if reply is None:
+            put = await self._put_learned(self._key("learn", origin),
+                                          self._learn_seen.get(origin, "0"),
+                                          self._learning_blob(origin))
+            if put is None:
                 return
-            ok, version, current = int(reply[0]), str(reply[1]), reply[2]
+            ok, version, current = put
             if ok:
                 self._learn_seen[origin] = version
                 self._marks[origin] = mark
@@ -995,7 +1013,9 @@ class RedisBackend(Backend):
             self._sync_scope(scope_id, urgent=True)
             return
         self.limiter.scopes.adopt(scope_id, json.loads(blob))
-        self._scope_marks[scope_id] = self._scope_mark(scope_id)
+        mark = self._scope_mark(scope_id)
+        if mark is not None:
+            self._scope_marks[scope_id] = mark
 
     def _scope_mark(self, scope_id: str) -> tuple | None:
         learner = self.limiter.scopes.learned(scope_id)
@@ -1010,22 +1030,21 @@ class RedisBackend(Backend):
             return
         self._scope_checked[scope_id] = now
         mark = self._scope_mark(scope_id)
-        if mark is None or scope_id in self._scope_marks and mark == self._scope_marks[scope_id]:
+        if mark is None or mark == self._scope_marks.get(scope_id):
             return
         self._scope_busy.add(scope_id)
         self._spawn(self._publish_scope(scope_id, mark))
 
     async def _publish_scope(self, scope_id: str, mark: tuple) -> None:
         try:
-            blob = json.dumps(self.limiter.scopes.export(scope_id))
-            reply = await self._shared_op(
-                [self._scope_key(scope_id)],
-                ["learn_put", self._scope_seen.get(scope_id, "0"), blob, self.learn_ttl])
+            put = await self._put_learned(self._scope_key(scope_id),
+                                          self._scope_seen.get(scope_id, "0"),
+                                          self.limiter.scopes.export(scope_id))
         finally:
             self._scope_busy.discard(scope_id)
-        if reply is None:
+        if put is None:
             return
-        ok, version, current = int(reply[0]), str(reply[1]), reply[2]
+        ok, version, current = put
         if ok:
             self._scope_seen[scope_id] = version
             self._scope_marks[scope_id] = mark
