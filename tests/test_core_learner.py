@@ -86,6 +86,20 @@ def test_a_per_ip_limit_that_tightens_is_the_pools_not_the_sites():
         assert learner.site.lo >= site_first  # not walked down for the pairs' limit
 
 
+def test_a_limit_that_tightens_on_every_exit_halves_the_pool_without_blaming_exits():
+    """The pool's pace drawing 429s on three exits or more at once: the limit is well
+    under it, and the pool halves. In steps of 0.7 it took a round of 429s per step, and
+    the last round marked equal exits as slower than the pool."""
+    clock = FakeClock(0.0)
+    lim = limiter(10, clock)
+    model = OriginModel(per_ip=lambda: Scheduled([(0.0, Gcra(5.0)), (6.0, Gcra(2.0))]))
+    drive(lim, clock, model, 6.0)
+    counts = drive(lim, clock, model, 6.0)
+    assert counts[429] <= 20  # 24 in steps of 0.7
+    assert lim.origin_state(SITE).learner.pool.lo <= 2.0
+    assert all(p.own_limit is None for p in lim.origin_state(SITE).pairs.values())
+
+
 def test_a_slow_exit_learns_its_own_rate_and_does_not_drag_the_pool():
     clock = FakeClock(0.0)
     lim = limiter(4, clock)

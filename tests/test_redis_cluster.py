@@ -93,7 +93,8 @@ async def _beat(backend: RedisBackend) -> int:
 async def test_a_crawl_on_a_cluster_loses_nothing_and_keeps_the_limit(cluster_url):
     url, prefix = cluster_url
     lab = Lab(exits=3, origin=OriginConfig(rate=10, burst=1))
-    crawler = await crawl_lab(lab, redis_crawl_settings(url, EXITLIMIT_RATE=9,
+    # 8 of 10 r/s: a redis-server reply late on a loaded machine can bunch two sends
+    crawler = await crawl_lab(lab, redis_crawl_settings(url, EXITLIMIT_RATE=8,
                                                         EXITLIMIT_REDIS_PREFIX=prefix), 45)
     spider, stats = crawler.spider, crawler.stats.get_stats()
     assert len(spider.ok) == 45 and not spider.failed

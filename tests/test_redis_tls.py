@@ -122,7 +122,8 @@ def test_a_certificate_not_trusted_is_a_clear_error_at_start(tls_redis, tmp_path
 async def test_a_crawl_over_tls_redis(tls_redis):
     port, ca = tls_redis
     lab = Lab(exits=2, origin=OriginConfig(rate=10, burst=1))
-    crawler = await crawl_lab(lab, tls_settings(port, ca, EXITLIMIT_RATE=9), 20)
+    # 8 of 10 r/s: a redis-server reply late on a loaded machine can bunch two sends
+    crawler = await crawl_lab(lab, tls_settings(port, ca, EXITLIMIT_RATE=8), 20)
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 20 and lab.origin.total(429) == 0
     assert stats["exitlimit/redis_calls/admit"] > 0 and not stats.get("exitlimit/redis_errors")

@@ -22,7 +22,8 @@ FLOORS = {
     ("site-only", "learned"): (0.88, 0.031),
     ("mixed", "learned"): (0.74, 0.042),
     ("mixed", "known"): (0.79, 0.026),
-    ("tighten", "learned"): (0.77, 0.051),
+    # (0.83, 3.7 % until the pool halved on a 429 wave over three exits or more)
+    ("tighten", "learned"): (0.82, 0.036),
     ("tighten", "known"): (0.77, 0.109),
     ("loosen", "learned"): (0.79, 0.018),
     ("loosen", "known"): (0.81, 0.001),

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import Event
-from .learning import CLIMB_BELOW, RESOLUTION, RateEstimate, backoff
+from .learning import BACKOFF_BY_STREAK, CLIMB_BELOW, RESOLUTION, RateEstimate, backoff
 
 #: clean answers at a probed rate, with the pair really pacing, that confirm it:
 #: one in slow start (far from any ceiling), more when bisecting near one
@@ -51,10 +51,12 @@ RECENT = 3.0
 #: this close (or within two of the pool's intervals, whichever is longer)
 SITE_WINDOW = 0.5
 #: that many of the exits in use (at least two) 429ing at the pool's pace: its rate is wrong
-POOL_SHARE = 0.34
+POOL_SHARE = 0.3
 #: 429s as late as clean ones (the site's, or jitter at a pair's limit) point at the site
 #: when they come from this many exits within the window
 AMBIGUOUS_EXITS = 3
+#: the pool's pace drawing 429s on this many exits at once (or more) halves it
+HALVE_EXITS = 3
 #: an exit alone that 429s twice within this many seconds is slower than the pool
 STRIKE_WINDOW = 3.0
 #: clean answers with the origin budget really pacing that confirm a site rate
@@ -555,9 +557,13 @@ class OriginLearner(SharedRateLearner):
         if admitted_at < pool.changed_at:
             return []  # the pool's rate changed since: this 429 is old news
         # the pool's pace drawing 429s on many exits (its raise was wrong, or the
-        # limit moved down for every exit): the pool learns it at once
-        if self._pool_too_fast(exit_id, now):
-            return self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
+        # limit moved down for every exit): the pool learns it at once; from
+        # HALVE_EXITS exits on, the limit is well under that pace: it halves
+        exits = self._pool_too_fast(exit_id, now)
+        if exits:
+            streak = max(pl.rate_streak, len(BACKOFF_BY_STREAK)) if exits >= HALVE_EXITS \
+                else pl.rate_streak
+            return self._lower(origin, None, pool, rate, streak, admitted_at, now)
         if now - pl.strike > STRIKE_WINDOW:
             pl.strike = now  # once may be the site's: twice alone is this exit's
             return []
@@ -629,16 +635,16 @@ class OriginLearner(SharedRateLearner):
                       f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                       f"ceiling {est.hi:.3g}")]
 
-    def _pool_too_fast(self, exit_id: str, now: float) -> bool:
-        """Exits 429 at the pool's pace, each its own limit's doing: many of them (a
-        third of those in use, at least two) within a window say the pool's rate is
-        wrong; fewer are exits slower than the pool."""
+    def _pool_too_fast(self, exit_id: str, now: float) -> int:
+        """Exits 429 at the pool's pace, each its own limit's doing: many of them
+        (POOL_SHARE of those in use, at least two) within a window say the pool's rate
+        is wrong; fewer are exits slower than the pool. Returns how many (0: fewer)."""
         blame = self._recent(self.pool_blame, (now, exit_id))
         spread = len({e for _, e in blame})
         if spread < max(2, math.ceil(POOL_SHARE * self.active_exits(now))):
-            return False
+            return 0
         blame.clear()
-        return True
+        return spread
 
     # -- sharing -------------------------------------------------------------------
     def mark(self) -> tuple:
