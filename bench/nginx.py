@@ -1,5 +1,5 @@
-"""Issue 16's signals against servers this project did not write: nginx as the origin,
-tinyproxy as the exits.
+"""Issue 16's signals, and issue 11's limits that move, against servers this project did
+not write: nginx as the origin, tinyproxy as the exits.
 
 nginx limits each client IP with ``limit_req`` per ``$binary_remote_addr`` (no burst,
 429 for a request over it; nginx sends no Retry-After), states a ``RateLimit-Policy``
@@ -12,6 +12,12 @@ token). Each exit is a tinyproxy whose outgoing connections are bound to its own
     python bench/nginx.py --case honest --repeat 3       # says 3;w=1, allows 3 r/s per IP
     python bench/nginx.py --case overload-503 --repeat 3 # one 503 + Retry-After: 3 10 s in
     python bench/nginx.py --case silent --repeat 3       # no header, 3 r/s per IP, learned
+    python bench/nginx.py --case tighten --repeat 3      # 5 -> 2 r/s per IP 6 s in, 10 exits
+    python bench/nginx.py --case loosen --repeat 3       # 2 -> 5 r/s per IP 6 s in, 10 exits
+
+A limit that moves: from ``change_at`` seconds after nginx logs its first request, a flag
+file sends the page location to a second ``limit_req`` zone at the new rate (an ``if``
+and an internal ``rewrite``); that zone counts anew, as a limit changed by a reload does.
 
 Needs ``nginx`` and ``tinyproxy`` (Debian: ``apt-get install nginx tinyproxy``); not part
 of the test suite. Every run starts its own nginx and tinyproxies from a temporary
@@ -55,6 +61,10 @@ class Case:
     overload_at: float | None = None  # one 503 this many seconds after the first request
     retry_after: int = 3
     retry_after_429: int | None = None  # nginx sends no Retry-After with limit_req's 429
+    #: the per-IP limit becomes ``changed_rate`` this many seconds after the first request
+    #: (a second zone, counting anew, behind a flag file)
+    change_at: float | None = None
+    changed_rate: float | None = None
 
 
 CASES = {
@@ -64,6 +74,11 @@ CASES = {
     "overload-503": Case(rate=5, exits=4, pages=600, strategy="exitlimit", overload_at=10.0),
     # the same origin stating nothing: what learning alone costs through these exits
     "silent": Case(rate=3, exits=4, pages=300, strategy="exitlimit-learned"),
+    # issue 11's limits that move, as it measured them: 10 exits, Retry-After: 1 on 429
+    "tighten": Case(rate=5, exits=10, pages=1000, strategy="exitlimit-learned",
+                    retry_after_429=1, change_at=6.0, changed_rate=2),
+    "loosen": Case(rate=2, exits=10, pages=1000, strategy="exitlimit-learned",
+                   retry_after_429=1, change_at=6.0, changed_rate=5),
 }
 
 NGINX_CONF = """\
@@ -82,6 +97,7 @@ http {{
     scgi_temp_path {tmp}/scgi;
     keepalive_requests 100000;
     limit_req_zone $binary_remote_addr zone=perip:10m rate={rate}r/s;
+    {changed_zone}
     limit_req_status 429;
     server {{
         {limited}
@@ -89,6 +105,7 @@ http {{
         root {tmp}/www;
         location /page/ {{
             {policy}
+            {changed}
             if (-f {tmp}/overloaded) {{
                 {policy}
                 add_header Retry-After {retry_after} always;
@@ -97,6 +114,7 @@ http {{
             limit_req zone=perip;
             try_files /page.html =404;
         }}
+        {changed_location}
     }}
 }}
 """
@@ -156,10 +174,19 @@ class Servers:
             limited = ("error_page 429 @limited; location @limited { "
                        f"{policy} add_header Retry-After {case.retry_after_429} always; "
                        "return 429; }")
+        changed = changed_zone = changed_location = ""
+        if case.change_at is not None:  # the flag file sends /page/ to the other zone
+            changed_zone = ("limit_req_zone $binary_remote_addr zone=changed:10m "
+                            f"rate={case.changed_rate:g}r/s;")
+            changed = f"if (-f {tmp}/changed) {{ rewrite ^ /changed$uri last; }}"
+            changed_location = ("location /changed/ { internal; limit_req zone=changed; "
+                                "try_files /page.html =404; }")
         conf = tmp / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=tmp, port=self.port, rate=f"{case.rate:g}",
                                           policy=policy, retry_after=case.retry_after,
-                                          limited=limited))
+                                          limited=limited, changed=changed,
+                                          changed_zone=changed_zone,
+                                          changed_location=changed_location))
         nginx = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(tmp),
                                   "-c", str(conf), "-e", str(tmp / "error.log")],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -205,6 +232,30 @@ class Servers:
                 proc.wait()
 
 
+class Flag(threading.Thread):
+    """Puts the flag file ``name`` in place ``at`` seconds after nginx logs its first
+    request."""
+
+    def __init__(self, servers: Servers, name: str, at: float) -> None:
+        super().__init__(daemon=True)
+        self.servers, self.at = servers, at
+        self.flag = servers.tmp / name
+        self.done = threading.Event()
+        self.raised_at: float | None = None  # unix time the flag appeared
+
+    def run(self) -> None:
+        first = None
+        while not self.done.is_set() and first is None:
+            entries = self.servers.access_log()
+            first = entries[0][0] if entries else None
+            time.sleep(0.01)
+        while not self.done.is_set() and time.time() < first + self.at:
+            time.sleep(0.001)
+        if not self.done.is_set():
+            self.flag.touch()
+            self.raised_at = time.time()
+
+
 class Overload(threading.Thread):
     """Puts the flag file in place ``at`` seconds after nginx logs its first request, and
     removes it as soon as nginx has logged a 503."""
@@ -239,28 +290,36 @@ class Overload(threading.Thread):
         self.flag.unlink(missing_ok=True)
 
 
-def run_once(case: Case, timeout: float, settings: list[str]) -> dict:
+def run_once(case: Case, timeout: float, settings: list[str], log_to: Path | None = None
+             ) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="exitlimit-nginx-"))
     servers = Servers(case, tmp)
-    overload = None
+    overload = change = None
     try:
         servers.start()
         if case.overload_at is not None:
             overload = Overload(servers, case.overload_at)
             overload.start()
+        if case.change_at is not None:
+            change = Flag(servers, "changed", case.change_at)
+            change.start()
         crawl = subprocess.run(
             [sys.executable, str(HERE / "crawl_once.py"), "--strategy", case.strategy,
              "--origin", servers.origin, "--exits", ",".join(servers.exit_urls),
              "--rate", f"{case.rate:g}", "--pages", str(case.pages), "--timeout", str(timeout),
              *(f"--set={s}" for s in settings)],
             capture_output=True, text=True)
+        if log_to is not None:
+            log_to.parent.mkdir(parents=True, exist_ok=True)
+            log_to.write_text(crawl.stderr)
         if crawl.returncode != 0:
             sys.stderr.write(crawl.stderr[-3000:])
             raise SystemExit("the crawl failed")
         result = json.loads(crawl.stdout.strip().splitlines()[-1])
-        if overload is not None:
-            overload.done.set()
-            overload.join()
+        for thread in (overload, change):
+            if thread is not None:
+                thread.done.set()
+                thread.join()
         log = [e for e in servers.access_log() if e[3].startswith("/page/")]
     finally:
         servers.stop()
@@ -269,6 +328,11 @@ def run_once(case: Case, timeout: float, settings: list[str]) -> dict:
     capacity = case.rate * case.exits
     pause = case.retry_after if case.overload_at is not None and status[503] else 0.0
     ideal = result["ok"] / capacity + pause
+    if change is not None and change.raised_at is not None and log:
+        # what the origin allowed: the old limit until the change, then the new one
+        at = change.raised_at - log[0][0]
+        ideal = result["ok"] / capacity if result["ok"] <= capacity * at else \
+            at + (result["ok"] - capacity * at) / (case.changed_rate * case.exits)
     start = log[0][0] if log else 0.0
     per_second: Counter[int] = Counter(int(e[0] - start) for e in log if e[2] == 429)
     out = {
@@ -285,6 +349,10 @@ def run_once(case: Case, timeout: float, settings: list[str]) -> dict:
         # every page request nginx logged: [seconds since the first, client IP, status]
         "events": [[round(e[0] - start, 3), e[1], e[2]] for e in log],
     }
+    if change is not None and change.raised_at is not None:
+        after = [e for e in log if e[0] >= change.raised_at]
+        out["share_429_after_change"] = \
+            sum(e[2] == 429 for e in after) / len(after) if after else 0.0
     if overload is not None and status[503]:
         t503 = next(e[0] for e in log if e[2] == 503)
         # nothing but what was already on its way until Retry-After is over
@@ -308,6 +376,8 @@ def main() -> None:
                     help="limit_req's 429 carries Retry-After: N (nginx sends none by default)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a Scrapy setting for the crawl, e.g. EXITLIMIT_COOLDOWN_DEFAULT=1")
+    ap.add_argument("--logs", metavar="DIR", help="save each crawl's log as CASE.RUN.log "
+                    "(BENCH_LOG sets its level, WARNING by default)")
     args = ap.parse_args()
     for tool in ("nginx", "tinyproxy"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
@@ -317,9 +387,12 @@ def main() -> None:
         case = dataclasses.replace(case, retry_after_429=args.retry_after_429)
     runs = []
     for k in range(args.repeat):
-        r = run_once(case, args.timeout, args.set)
+        r = run_once(case, args.timeout, args.set,
+                     Path(args.logs) / f"{args.case}.{k}.log" if args.logs else None)
         runs.append(r)
         extra = f", after the 503: {r['after_503']}" if "after_503" in r else ""
+        if "share_429_after_change" in r:
+            extra += f", 429 share after the change {r['share_429_after_change']:.2%}"
         print(f"  run {k}: {r['ok']}/{case.pages} pages, {r['wall']:.1f}s, statuses "
               f"{r['status']}, 429 share {r['share_429']:.2%} ({r['first_second_429']} in the "
               f"first second), utilization {r['utilization']:.3f}{extra}", file=sys.stderr)
@@ -329,6 +402,8 @@ def main() -> None:
           + (f", one 503 + Retry-After {case.retry_after} at {case.overload_at:g} s"
              if case.overload_at is not None else "")
           + (f", Retry-After {case.retry_after_429} on 429" if case.retry_after_429 else "")
+          + (f", {case.changed_rate:g} r/s per IP from {case.change_at:g} s"
+             if case.change_at is not None else "")
           + "".join(f", {s}" for s in args.set)
           + f", {case.strategy}, median of {len(runs)}\n")
     print(f"{'pages':>6} {'lost':>5} {'429 share':>10} {'wall s':>7} {'utilization':>12}")
