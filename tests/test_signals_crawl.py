@@ -31,9 +31,11 @@ def share_429(lab: Lab) -> float:
 
 @pytest_twisted.ensureDeferred
 async def test_one_503_pauses_the_whole_origin_for_its_retry_after_and_loses_nothing():
-    # 2 exits x 10 r/s, known: 20 r/s; 2 s in, one 503 with Retry-After 1
+    # 2 exits x 10 r/s, known: 20 r/s; 2 s in, one 503 with Retry-After 1. The origin
+    # allows 10 % more per IP (as in test_crawl.py: the lab shares our event loop and its
+    # stamps jitter; at exactly the limit a busy CI machine drew one 429 on Scrapy 2.13)
     lab = Lab(exits=2, origin=OriginConfig(
-        rate=10, status_at=[ScheduledAnswer(2.0, 503, retry_after=1)]))
+        rate=11, status_at=[ScheduledAnswer(2.0, 503, retry_after=1)]))
     crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 10}, 80)
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 80 and not crawler.spider.failed
@@ -71,7 +73,9 @@ async def test_a_policy_overstating_the_limit_gives_way_to_the_answers():
 
 @pytest_twisted.ensureDeferred
 async def test_an_honest_policy_paces_from_the_first_answer_without_a_429():
-    lab = Lab(exits=2, origin=OriginConfig(rate=5, announce_policy="5;w=1"))
+    # it states 5 r/s per IP and allows 10 % more (the lab shares our event loop: pacing
+    # at exactly its limit is measured in bench/, in separate processes)
+    lab = Lab(exits=2, origin=OriginConfig(rate=5.5, announce_policy="5;w=1"))
     crawler = await crawl_lab(lab, {}, 40)
     assert len(crawler.spider.ok) == 40 and not crawler.spider.failed
     assert lab.origin.total(429) == 0
