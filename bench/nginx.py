@@ -244,6 +244,10 @@ class Flag(threading.Thread):
         self.raised_at: float | None = None  # unix time the flag appeared
 
     def run(self) -> None:
+        self.raise_flag()
+
+    def raise_flag(self) -> bool:
+        """Wait for the moment and put the flag in place; False: stopped before that."""
         first = None
         while not self.done.is_set() and first is None:
             entries = self.servers.access_log()
@@ -251,35 +255,24 @@ class Flag(threading.Thread):
             time.sleep(0.01)
         while not self.done.is_set() and time.time() < first + self.at:
             time.sleep(0.001)
-        if not self.done.is_set():
-            self.flag.touch()
-            self.raised_at = time.time()
+        if self.done.is_set():
+            return False
+        self.flag.touch()
+        self.raised_at = time.time()
+        return True
 
 
-class Overload(threading.Thread):
+class Overload(Flag):
     """Puts the flag file in place ``at`` seconds after nginx logs its first request, and
     removes it as soon as nginx has logged a 503."""
 
     def __init__(self, servers: Servers, at: float) -> None:
-        super().__init__(daemon=True)
-        self.servers, self.at = servers, at
-        self.flag = servers.tmp / "overloaded"
-        self.done = threading.Event()
-        self.raised_at: float | None = None  # unix time the flag appeared
+        super().__init__(servers, "overloaded", at)
 
     def run(self) -> None:
-        log = self.servers.tmp / "access.log"
-        first = None
-        while not self.done.is_set() and first is None:
-            entries = self.servers.access_log() if log.exists() else []
-            first = entries[0][0] if entries else None
-            time.sleep(0.01)
-        while not self.done.is_set() and time.time() < first + self.at:
-            time.sleep(0.001)
-        if self.done.is_set():
+        if not self.raise_flag():
             return
-        self.flag.touch()
-        self.raised_at = time.time()
+        log = self.servers.tmp / "access.log"
         size = log.stat().st_size
         while not self.done.is_set():
             with log.open("rb") as f:  # only what was logged since the flag appeared
