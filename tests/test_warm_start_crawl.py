@@ -13,22 +13,38 @@ import redis
 from scrapy_exitlimit.lab import Lab, OriginConfig
 from scrapy_exitlimit.state_file import FORMAT, read
 
-from .crawling import crawl
+from .crawling import CALLBACK_DELAY, crawl
 
 RATE = 4.0  # per exit IP, strict (no burst)
 EXITS = 4
+#: 429s a warm run of 60 pages may draw after its first second (none in it): one, where a
+#: short cold run left a gap to bisect or a loaded machine let one request reach the limit
+#: early; Scrapy < 2.18 trickles requests to the parking lot (see CALLBACK_DELAY), and drew
+#: two once in CI. A wrong recall draws one on every exit (4) within its first second.
+WARM_429S = 2 if CALLBACK_DELAY else 1
 #: learned mode, starting above the limit: a cold run's discovery draws a 429 at once
 LEARNED = {"EXITLIMIT_START_RATE": 2 * RATE, "EXITLIMIT_MAX_RETRIES": 20,
            # a loaded test machine delays requests on their way: a little more room
            "EXITLIMIT_SAFETY_MARGIN": 0.01}
 
 
-def first_second(lab: Lab) -> tuple[int, int]:
-    """(clean answers, 429s) the origin gave in its first second."""
+def first_second(lab: Lab, seconds: float = 1.0) -> tuple[int, int]:
+    """(clean answers, 429s) the origin gave in its first second (or ``seconds``)."""
     events = [e for ip in lab.origin.ips() for e in lab.origin.events(ip)]
     start = min(t for t, _ in events)
-    early = [status for t, status in events if t < start + 1.0]
+    early = [status for t, status in events if t < start + seconds]
     return early.count(200), early.count(429)
+
+
+#: a warm pool paces near the learned rate from its first request: at least 3 of the 4 r/s
+#: per exit over its first two seconds (the first request of each pair goes alone, then
+#: pacing starts). Two seconds, not one: a stall of a loaded test machine in the first
+#: second (10 answers of 16 once, in CI) is not a slow start, which stays far below
+AT_ONCE = 2 * 3 * EXITS
+
+
+def first_two_seconds_clean(lab: Lab) -> int:
+    return first_second(lab, 2.0)[0]
 
 
 async def crawl_on(lab: Lab, settings: dict, pages: int):
@@ -46,9 +62,10 @@ async def test_a_warm_run_draws_no_429_in_its_first_second_where_the_cold_run_di
     await lab.start()
     try:
         cold = await crawl_on(lab, {"EXITLIMIT_STATE_FILE": str(path)}, 80)
-        cold_first = first_second(lab)
+        cold_first, cold_two = first_second(lab), first_two_seconds_clean(lab)
         warm = await crawl_on(lab, {"EXITLIMIT_STATE_FILE": str(path)}, 60)
         warm_first = first_second(lab)
+        warm_two = first_two_seconds_clean(lab)
     finally:
         await lab.stop()
     assert len(cold.spider.ok) == 80 and len(warm.spider.ok) == 60
@@ -56,15 +73,12 @@ async def test_a_warm_run_draws_no_429_in_its_first_second_where_the_cold_run_di
     stats = warm.stats.get_stats()
     assert stats["exitlimit/state_origins_loaded"] == 1
     assert warm_first[1] == 0, warm_first
-    # the pool at the learned rate from the first second: at least 3 of the 4 r/s per exit
-    # (the first request of each pair goes alone, then pacing starts)
-    assert warm_first[0] >= 3 * EXITS, warm_first
-    assert warm_first[0] > cold_first[0]
+    assert warm_two >= AT_ONCE and warm_two > cold_two, (warm_two, cold_two)
     # none in the first second (above); after it, one probe may draw a 429: a short cold
     # run may leave a gap between its clean rate and its ceiling that the warm run goes on
     # bisecting (its state was seen unsettled), and on a loaded machine it learns within
     # a few % of the limit (clean seen at 3.87 to 4.12 for 4 r/s)
-    assert stats.get("exitlimit/response_429", 0) <= 1
+    assert stats.get("exitlimit/response_429", 0) <= WARM_429S
     pool = read(path)[warm.origin]["pool"]
     assert 0.8 * RATE <= pool["clean"] <= 1.05 * RATE, pool
 
@@ -144,14 +158,14 @@ async def test_redis_keeps_what_was_learned_for_the_next_crawl_processes(redis_u
         # the crawl processes end and new ones start: the same Redis
         warm = await crawl_on(lab, redis_settings(redis_url), 60)
         warm_first = first_second(lab)
+        warm_two = first_two_seconds_clean(lab)
     finally:
         await lab.stop()
     assert cold_first[1] >= 1, cold_first
-    assert warm_first[1] == 0 and warm_first[0] >= 3 * EXITS, warm_first
+    assert warm_first[1] == 0 and warm_two >= AT_ONCE, (warm_first, warm_two)
     # none in the first second (above), no storm after: the warm pace sits a few % under
-    # the limit, and on a loaded 2-core machine (Scrapy < 2.18 waiting 0.1 s before each
-    # callback) one request of 60 may still reach it early (the bench's 600 pages: 0.33 %)
-    assert warm.stats.get_value("exitlimit/response_429", 0) <= 1
+    # the limit (the bench's 600 pages: 0.33 %)
+    assert warm.stats.get_value("exitlimit/response_429", 0) <= WARM_429S
     assert 86000 < client.ttl(key) <= 86400  # kept a day from this run's last use
     client.close()
 
@@ -170,10 +184,11 @@ async def test_an_empty_redis_is_seeded_from_the_state_file(redis_url, redis_ser
         warm = await crawl_on(lab, redis_settings(redis_url, EXITLIMIT_STATE_FILE=str(path)),
                               60)
         warm_first = first_second(lab)
+        warm_two = first_two_seconds_clean(lab)
     finally:
         await lab.stop()
     assert warm.stats.get_value("exitlimit/state_origins_loaded") == 1
-    assert warm_first[1] == 0 and warm_first[0] >= 3 * EXITS, warm_first
+    assert warm_first[1] == 0 and warm_two >= AT_ONCE, (warm_first, warm_two)
     [key] = client.keys("{exitlimit}:learn:*")
     blob = json.loads(client.hget(key, "blob"))
     assert blob["estimate"]["proven"] and blob["estimate"]["lo"] <= 1.05 * RATE
