@@ -531,7 +531,7 @@ def read_bool(settings: Any, name: str, default: bool) -> bool:
     """Scrapy's getbool, with an error that names the setting."""
     try:
         return settings.getbool(name, default)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf), Scrapy < 2.14
         raise ValueError(f"{name} ({_short(settings.get(name))}) must be True or False") \
             from None
 

@@ -36,6 +36,13 @@ def test_disabled_is_not_configured_and_no_exits_is_an_error():
         ExitLimitConfig.from_settings(Settings({}))
 
 
+@pytest.mark.parametrize("value", [float("inf"), "maybe", [1]])
+def test_a_switch_that_is_not_a_boolean_names_the_setting(value):
+    # int(inf) raises OverflowError inside Scrapy's getbool (found by the config fuzzer)
+    with pytest.raises(ValueError, match="EXITLIMIT_ENABLED .* must be True or False"):
+        config(EXITLIMIT_ENABLED=value)
+
+
 @pytest.mark.parametrize(("value", "said"), [
     ([], "an empty list, from the project settings"),
     ("", "an empty string (an empty environment variable?)"),
