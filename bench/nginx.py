@@ -14,6 +14,13 @@ token). Each exit is a tinyproxy whose outgoing connections are bound to its own
     python bench/nginx.py --case silent --repeat 3       # no header, 3 r/s per IP, learned
     python bench/nginx.py --case tighten --repeat 3      # 5 -> 2 r/s per IP 6 s in, 10 exits
     python bench/nginx.py --case loosen --repeat 3       # 2 -> 5 r/s per IP 6 s in, 10 exits
+    python bench/nginx.py --case site-wide --repeat 3    # 20 r/s for the site, 5 per IP
+    python bench/nginx.py --case per-ip --warm --repeat 3  # cold, then warm from its state
+
+A site-wide limit is a second ``limit_req`` zone keyed on ``$server_port`` (one key for
+every client). ``--warm`` crawls twice against the same nginx and exits (the origin and the
+exits keep their addresses, so the state file names them alike): cold with a new
+``EXITLIMIT_STATE_FILE``, then warm from it, each measured on its own requests.
 
 A limit that moves: from ``change_at`` seconds after nginx logs its first request, a flag
 file sends the page location to a second ``limit_req`` zone at the new rate (an ``if``
@@ -65,6 +72,12 @@ class Case:
     #: (a second zone, counting anew, behind a flag file)
     change_at: float | None = None
     changed_rate: float | None = None
+    site_rate: float | None = None  # a limit_req zone for the whole site, r/s
+
+    @property
+    def capacity(self) -> float:
+        per_ip = self.rate * self.exits
+        return per_ip if self.site_rate is None else min(per_ip, self.site_rate)
 
 
 CASES = {
@@ -79,6 +92,13 @@ CASES = {
                     retry_after_429=1, change_at=6.0, changed_rate=2),
     "loosen": Case(rate=2, exits=10, pages=1000, strategy="exitlimit-learned",
                    retry_after_429=1, change_at=6.0, changed_rate=5),
+    # issue 11's site-wide limit and its equal exits (learned, and the rate given)
+    "site-wide": Case(rate=5, exits=10, pages=600, strategy="exitlimit-learned",
+                      retry_after_429=1, site_rate=20),
+    "per-ip": Case(rate=5, exits=10, pages=1000, strategy="exitlimit-learned",
+                   retry_after_429=1),
+    "per-ip-known": Case(rate=5, exits=10, pages=1000, strategy="exitlimit",
+                         retry_after_429=1),
 }
 
 NGINX_CONF = """\
@@ -98,6 +118,7 @@ http {{
     keepalive_requests 100000;
     limit_req_zone $binary_remote_addr zone=perip:10m rate={rate}r/s;
     {changed_zone}
+    {site_zone}
     limit_req_status 429;
     server {{
         {limited}
@@ -112,6 +133,7 @@ http {{
                 return 503;
             }}
             limit_req zone=perip;
+            {site_limit}
             try_files /page.html =404;
         }}
         {changed_location}
@@ -181,12 +203,17 @@ class Servers:
             changed = f"if (-f {tmp}/changed) {{ rewrite ^ /changed$uri last; }}"
             changed_location = ("location /changed/ { internal; limit_req zone=changed; "
                                 "try_files /page.html =404; }")
+        site_zone = site_limit = ""
+        if case.site_rate is not None:
+            site_zone = f"limit_req_zone $server_port zone=site:1m rate={case.site_rate:g}r/s;"
+            site_limit = "limit_req zone=site;"
         conf = tmp / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=tmp, port=self.port, rate=f"{case.rate:g}",
                                           policy=policy, retry_after=case.retry_after,
                                           limited=limited, changed=changed,
                                           changed_zone=changed_zone,
-                                          changed_location=changed_location))
+                                          changed_location=changed_location,
+                                          site_zone=site_zone, site_limit=site_limit))
         nginx = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(tmp),
                                   "-c", str(conf), "-e", str(tmp / "error.log")],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -283,42 +310,59 @@ class Overload(Flag):
         self.flag.unlink(missing_ok=True)
 
 
-def run_once(case: Case, timeout: float, settings: list[str], log_to: Path | None = None
-             ) -> dict:
+def run_once(case: Case, timeout: float, settings: list[str], log_to: Path | None = None,
+             warm: bool = False) -> list[dict]:
+    """One crawl (two with ``warm``: cold, then from the cold one's state file) against
+    one nginx and its exits; a result per crawl."""
     tmp = Path(tempfile.mkdtemp(prefix="exitlimit-nginx-"))
     servers = Servers(case, tmp)
-    overload = change = None
+    results = []
     try:
         servers.start()
-        if case.overload_at is not None:
-            overload = Overload(servers, case.overload_at)
-            overload.start()
-        if case.change_at is not None:
-            change = Flag(servers, "changed", case.change_at)
-            change.start()
-        crawl = subprocess.run(
-            [sys.executable, str(HERE / "crawl_once.py"), "--strategy", case.strategy,
-             "--origin", servers.origin, "--exits", ",".join(servers.exit_urls),
-             "--rate", f"{case.rate:g}", "--pages", str(case.pages), "--timeout", str(timeout),
-             *(f"--set={s}" for s in settings)],
-            capture_output=True, text=True)
-        if log_to is not None:
-            log_to.parent.mkdir(parents=True, exist_ok=True)
-            log_to.write_text(crawl.stderr)
-        if crawl.returncode != 0:
-            sys.stderr.write(crawl.stderr[-3000:])
-            raise SystemExit("the crawl failed")
-        result = json.loads(crawl.stdout.strip().splitlines()[-1])
-        for thread in (overload, change):
-            if thread is not None:
-                thread.done.set()
-                thread.join()
-        log = [e for e in servers.access_log() if e[3].startswith("/page/")]
+        # warm: both crawls keep the state in one file (the cold one starts without it)
+        state = [f"EXITLIMIT_STATE_FILE={tmp / 'state.json'}"] if warm else []
+        for phase in ("cold", "warm") if warm else ("",):
+            log_file = None if log_to is None else \
+                log_to.parent / f"{log_to.name}{'.' + phase if phase else ''}.log"
+            results.append(_crawl(servers, case, timeout, [*settings, *state], log_file))
+            results[-1]["phase"] = phase
     finally:
         servers.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+def _crawl(servers: Servers, case: Case, timeout: float, settings: list[str],
+           log_to: Path | None) -> dict:
+    """Crawl once in a fresh process and measure it on the requests nginx logged for it."""
+    overload = change = None
+    logged_before = len(servers.access_log())
+    if case.overload_at is not None:
+        overload = Overload(servers, case.overload_at)
+        overload.start()
+    if case.change_at is not None:
+        change = Flag(servers, "changed", case.change_at)
+        change.start()
+    crawl = subprocess.run(
+        [sys.executable, str(HERE / "crawl_once.py"), "--strategy", case.strategy,
+         "--origin", servers.origin, "--exits", ",".join(servers.exit_urls),
+         "--rate", f"{case.rate:g}", "--pages", str(case.pages), "--timeout", str(timeout),
+         *(f"--set={s}" for s in settings)],
+        capture_output=True, text=True)
+    if log_to is not None:
+        log_to.parent.mkdir(parents=True, exist_ok=True)
+        log_to.write_text(crawl.stderr)
+    if crawl.returncode != 0:
+        sys.stderr.write(crawl.stderr[-3000:])
+        raise SystemExit("the crawl failed")
+    result = json.loads(crawl.stdout.strip().splitlines()[-1])
+    for thread in (overload, change):
+        if thread is not None:
+            thread.done.set()
+            thread.join()
+    log = [e for e in servers.access_log()[logged_before:] if e[3].startswith("/page/")]
     status = Counter(e[2] for e in log)
-    capacity = case.rate * case.exits
+    capacity = case.capacity
     pause = case.retry_after if case.overload_at is not None and status[503] else 0.0
     ideal = result["ok"] / capacity + pause
     if change is not None and change.raised_at is not None and log:
@@ -337,6 +381,9 @@ def run_once(case: Case, timeout: float, settings: list[str], log_to: Path | Non
         "status": dict(sorted(status.items())),
         "share_429": status[429] / len(log) if log else 0.0,
         "first_second_429": per_second[0],
+        # clean answers in the first second, over what the origin allows in one
+        "first_second_of_capacity": sum(1 for e in log if e[2] == 200 and e[0] < start + 1)
+        / capacity,
         "utilization": ideal / result["wall"] if result["wall"] > 0 else 0.0,
         "exitlimit": result["exitlimit"],
         # every page request nginx logged: [seconds since the first, client IP, status]
@@ -371,6 +418,8 @@ def main() -> None:
                     help="a Scrapy setting for the crawl, e.g. EXITLIMIT_COOLDOWN_DEFAULT=1")
     ap.add_argument("--logs", metavar="DIR", help="save each crawl's log as CASE.RUN.log "
                     "(BENCH_LOG sets its level, WARNING by default)")
+    ap.add_argument("--warm", action="store_true", help="crawl twice on the same servers: "
+                    "cold, then warm from the cold crawl's EXITLIMIT_STATE_FILE")
     args = ap.parse_args()
     for tool in ("nginx", "tinyproxy"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
@@ -378,30 +427,40 @@ def main() -> None:
     case = CASES[args.case]
     if args.retry_after_429 is not None:
         case = dataclasses.replace(case, retry_after_429=args.retry_after_429)
+    if args.warm and (case.change_at is not None or case.overload_at is not None):
+        raise SystemExit("--warm: a case whose limit stays as it is")
     runs = []
     for k in range(args.repeat):
-        r = run_once(case, args.timeout, args.set,
-                     Path(args.logs) / f"{args.case}.{k}.log" if args.logs else None)
-        runs.append(r)
-        extra = f", after the 503: {r['after_503']}" if "after_503" in r else ""
-        if "share_429_after_change" in r:
-            extra += f", 429 share after the change {r['share_429_after_change']:.2%}"
-        print(f"  run {k}: {r['ok']}/{case.pages} pages, {r['wall']:.1f}s, statuses "
-              f"{r['status']}, 429 share {r['share_429']:.2%} ({r['first_second_429']} in the "
-              f"first second), utilization {r['utilization']:.3f}{extra}", file=sys.stderr)
-    median = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
+        got = run_once(case, args.timeout, args.set,
+                       Path(args.logs) / f"{args.case}.{k}" if args.logs else None, args.warm)
+        runs += got
+        for r in got:
+            extra = f", after the 503: {r['after_503']}" if "after_503" in r else ""
+            if "share_429_after_change" in r:
+                extra += f", 429 share after the change {r['share_429_after_change']:.2%}"
+            print(f"  run {k}{' ' + r['phase'] if r['phase'] else ''}: {r['ok']}/{case.pages} "
+                  f"pages, {r['wall']:.1f}s, statuses {r['status']}, 429 share "
+                  f"{r['share_429']:.2%} (first second: {r['first_second_429']} 429s, "
+                  f"{r['first_second_of_capacity']:.2f} of capacity), utilization "
+                  f"{r['utilization']:.3f}{extra}", file=sys.stderr)
     print(f"\nnginx {args.case}: {case.exits} tinyproxy exits, limit_req {case.rate:g} r/s per "
-          f"IP" + (f", RateLimit-Policy {case.policy}" if case.policy else "")
+          f"IP" + (f", {case.site_rate:g} r/s for the site" if case.site_rate else "")
+          + (f", RateLimit-Policy {case.policy}" if case.policy else "")
           + (f", one 503 + Retry-After {case.retry_after} at {case.overload_at:g} s"
              if case.overload_at is not None else "")
           + (f", Retry-After {case.retry_after_429} on 429" if case.retry_after_429 else "")
           + (f", {case.changed_rate:g} r/s per IP from {case.change_at:g} s"
              if case.change_at is not None else "")
           + "".join(f", {s}" for s in args.set)
-          + f", {case.strategy}, median of {len(runs)}\n")
-    print(f"{'pages':>6} {'lost':>5} {'429 share':>10} {'wall s':>7} {'utilization':>12}")
-    print(f"{case.pages:>6} {median['lost']:>5} {median['share_429']:>10.2%} "
-          f"{median['wall']:>7.1f} {median['utilization']:>12.3f}")
+          + f", {case.strategy}, median of {args.repeat}\n")
+    print(f"{'run':5} {'pages':>6} {'lost':>5} {'429 share':>10} {'wall s':>7} "
+          f"{'utilization':>12} {'1st s':>6}")
+    for phase in ("cold", "warm") if args.warm else ("",):
+        of_phase = [r for r in runs if r["phase"] == phase]
+        median = sorted(of_phase, key=lambda r: r["wall"])[len(of_phase) // 2]
+        print(f"{phase or '-':5} {case.pages:>6} {median['lost']:>5} "
+              f"{median['share_429']:>10.2%} {median['wall']:>7.1f} "
+              f"{median['utilization']:>12.3f} {median['first_second_of_capacity']:>6.2f}")
     if args.json:
         for r in runs:
             r["name"], r["settings"] = args.case, args.set

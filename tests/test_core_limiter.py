@@ -4,6 +4,7 @@ import random
 import pytest
 
 from scrapy_exitlimit.core import UNTIL_RELEASE, Lease, Limiter, Limits, Tuning, make_exit
+from scrapy_exitlimit.core.bucket import FIRST_ANSWER_WAIT
 from scrapy_exitlimit.core.limiter import WARM_ANSWERS
 
 from .conftest import FakeClock
@@ -90,10 +91,44 @@ def test_least_loaded_exit_wins():
 def test_origin_budget_caps_all_exits_together():
     clock = FakeClock(0.0)
     lim = limiter(10, clock, rate=100.0, origin_rate=2.0)
-    assert isinstance(lim.try_admit(SITE), Lease)
+    first = lim.try_admit(SITE)
+    assert isinstance(first, Lease)
+    lim.release(first.id)  # answered at once (its first answer: see the next test)
     assert lim.try_admit(SITE) == pytest.approx(0.5)
     clock.advance(0.5)
     assert isinstance(lim.try_admit(SITE), Lease)
+    assert lim.try_admit(SITE) == pytest.approx(1.0)
+
+
+def test_an_origin_budgets_second_request_waits_for_the_first_ones_answer():
+    """The first request rides a cold connection, slower than the next by more than an
+    interval at a high rate: the next goes an interval after its answer, or after
+    FIRST_ANSWER_WAIT when none comes; once only (a burst takes both anyway)."""
+    clock = FakeClock(0.0)
+    lim = limiter(10, clock, rate=100.0, origin_rate=20.0)
+    first = lim.try_admit(SITE)
+    assert isinstance(first, Lease)
+    clock.advance(0.05)  # its token is due, but not its answer
+    assert lim.try_admit(SITE) == pytest.approx(FIRST_ANSWER_WAIT)
+    clock.advance(0.1)
+    lim.release(first.id)  # answered at 0.15: the next one interval (0.05) later
+    assert lim.try_admit(SITE) == pytest.approx(0.2)
+    clock.advance(0.05)
+    second = lim.try_admit(SITE)
+    assert isinstance(second, Lease)
+    clock.advance(0.05)
+    assert isinstance(lim.try_admit(SITE), Lease)  # paced, no longer gated
+    # a first request that never hears back holds the next FIRST_ANSWER_WAIT at most
+    lost = limiter(10, clock, rate=100.0, origin_rate=20.0)
+    gone = lost.try_admit(SITE)
+    assert isinstance(gone, Lease)
+    assert lost.try_admit(SITE) == pytest.approx(clock() + FIRST_ANSWER_WAIT)
+    lost.release(gone.id, answered=False)
+    clock.advance(FIRST_ANSWER_WAIT)
+    assert isinstance(lost.try_admit(SITE), Lease)
+    # with a burst, two requests arriving together pass: no gate
+    bursty = limiter(10, clock, rate=100.0, origin_rate=20.0, origin_burst=2)
+    assert all(isinstance(bursty.try_admit(SITE), Lease) for _ in range(2))
 
 
 def test_origin_rates_are_the_origins_paced_as_a_whole():

@@ -32,7 +32,8 @@ What the sequences keep to, and why:
   used and the core as the one that waited longest.
 - A new or half-open pair is asked one lease at a time: the core makes it wait for
   its answer after one, the script (which does not know) would grant a burst in one
-  call.
+  call. So is a shared budget's first request, and while it waits for its answer
+  (``bucket.ArrivalFloor.gate``, local knowledge) the script is not asked.
 - The script may name an earlier time to ask again, never a later one: it looks at a
   pair's token before its exit's lease limit (an exit the call filled still counts),
   and when a shared budget (the origin's, a named scope's) stops it, its answer is the
@@ -206,6 +207,15 @@ class Run:
                or p.half_open for e in candidates):
             # a new pair, or a half-open one, takes one request until it hears back: the
             # core knows after each grant, the script would take a burst in one call
+            want = 1
+        # so does a shared budget's first request, and the next waits for its answer (or
+        # FIRST_ANSWER_WAIT): the Redis backend asks nothing of the script meanwhile
+        gate, first = core.first_answer_gate(ORIGIN, scopes, now)
+        if gate is not None:  # the core grants nothing either (it may name an earlier
+            # time, a pair's token or a lease's release, and then the gate)
+            assert not isinstance(core.try_admit(ORIGIN, now, scopes=scopes), Lease)
+            return
+        if first:
             want = 1
         # the core: as the memory backend admits (admit_here)
         granted: list[Lease] = []

@@ -14,6 +14,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_exitlimit.backends.redis import RedisBackend, RedisUnavailable, redis_settings
 from scrapy_exitlimit.config import ExitLimitConfig
+from scrapy_exitlimit.core.bucket import FIRST_ANSWER_WAIT
 from scrapy_exitlimit.lab import Lab, OriginConfig
 from scrapy_exitlimit.lab.spider import PagesSpider
 from scrapy_exitlimit.middleware import ExitLimitMiddleware
@@ -426,6 +427,35 @@ async def test_a_learned_scope_rate_is_shared_between_processes(redis_url, monke
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_processes_first_request_under_the_origin_budget_goes_alone(redis_url):
+    """Each process's first request rides its own cold connection: it is asked for alone,
+    and the next waits for its answer (``ArrivalFloor.gate``) without asking Redis."""
+    from twisted.internet.defer import Deferred
+
+    exits = [f"http://127.0.0.{10 + i}:3128" for i in range(4)]
+    settings = Settings({"EXITLIMIT_EXITS": exits, "EXITLIMIT_RATE": 100,
+                         "EXITLIMIT_ORIGIN_RATE": 20, **redis_crawl_settings(redis_url)})
+    one, two = _two_processes(settings)
+    try:
+        got = await Deferred.fromFuture(one.admit("http://o", 3, one.clock()))
+        assert len(got.leases) == 1  # three asked, the first alone
+        before = one.calls["admit"]
+        held = await Deferred.fromFuture(one.admit("http://o", 3, one.clock()))
+        assert held.leases == [] and held.ready_at == pytest.approx(
+            got.leases[0].admitted_at + FIRST_ANSWER_WAIT)
+        assert one.calls["admit"] == before  # local knowledge: no call
+        one.release(got.leases[0].id, answered=True)
+        answered_at = one.clock()
+        after = await Deferred.fromFuture(one.admit("http://o", 1, one.clock()))
+        assert one.calls["admit"] == before + 1  # the gate is open: Redis is asked
+        # the next token an interval (1/20 s) after the answer: granted, or due by then
+        assert after.leases or after.ready_at <= answered_at + 0.05 + 0.01
+    finally:
+        await one.close()
+        await two.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_scope_without_a_token_costs_one_admission_call_not_one_per_chunk(redis_url):
     """The script says when a scope's (or the origin's) token held up a ready pair: the
     other candidates would wait for the same token, so they are not tried in a second
@@ -441,6 +471,9 @@ async def test_a_scope_without_a_token_costs_one_admission_call_not_one_per_chun
     try:
         got = await Deferred.fromFuture(one.admit("http://o", 1, one.clock(), scopes=(scope,)))
         assert len(got.leases) == 1
+        # answered: the scope's first answer, so its next request is not held for it
+        # (``ArrivalFloor.gate``: no call at all meanwhile) but by its token
+        one.release(got.leases[0].id, answered=True)
         before = one.calls["admit"]
         got = await Deferred.fromFuture(one.admit("http://o", 1, one.clock(), scopes=(scope,)))
         assert got.leases == [] and got.ready_at >= one.clock() + 1.0  # the scope's token

@@ -659,6 +659,13 @@ class RedisBackend(Backend):
                 await self._follow_scope(scope)
         if pinned is None and not scopes and origin in self._held:
             return self._from_held(origin, now)
+        # this process's first request under a shared budget goes alone, and the next
+        # waits for its answer (``ArrivalFloor.gate``: its own cold connections)
+        gate, first = limiter.first_answer_gate(origin, scopes, now)
+        if gate is not None:
+            return Admission([], gate)
+        if first:
+            want = 1
         # the best few first (what this process knows of their load; in a large pool the
         # exits it used last, alone, with no plan made while they serve: the pool's other
         # exits are not even looked at); the rest only when those could not grant

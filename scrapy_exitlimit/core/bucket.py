@@ -73,6 +73,8 @@ class TokenBucket:
         return f"TokenBucket(rate={self.rate:g}, burst={self.burst}, tat={self.tat:.3f})"
 
 
+#: seconds at most a budget's second request waits for the first one's answer
+FIRST_ANSWER_WAIT = 1.0
 #: answers a budget (or a pair, ``pair.py``) needs before its fastest answer is trusted
 #: to bound when its requests reached the server
 WARM_ANSWERS = 3
@@ -87,11 +89,35 @@ class ArrivalFloor:
     request goes an interval after that, as a pair's does: requests of a shared budget
     take many paths, and one that came late must not bring the next too close."""
 
-    __slots__ = ("answers", "fastest")
+    __slots__ = ("answers", "fastest", "first_out")
 
     def __init__(self) -> None:
         self.fastest = math.inf  # the shortest answer time seen: a path's floor
         self.answers = 0
+        #: when the budget's first request went (None: not yet), see ``gate``
+        self.first_out: float | None = None
+
+    def gate(self, now: float) -> float | None:
+        """Until when the budget's next request waits for its first one's answer (None:
+        it need not). The first request rides a cold connection (through a proxy, a new
+        tunnel), tens to hundreds of ms slower than the next, which, an interval behind
+        it, would reach a strict server with it; the answer then anchors the next an
+        interval on (``answered``). At most FIRST_ANSWER_WAIT, for a request that never
+        hears back."""
+        if self.answers or self.first_out is None:
+            return None
+        until = self.first_out + FIRST_ANSWER_WAIT
+        return until if now < until else None
+
+    def pending(self) -> bool:
+        """No request of the budget has gone yet: the next is its first (one at a time)."""
+        return self.first_out is None and not self.answers
+
+    def taken(self, now: float, bucket: TokenBucket) -> None:
+        """A token of ``bucket`` was taken for a request (a budget with a burst takes
+        two requests arriving together anyway: no gate)."""
+        if self.first_out is None and bucket.burst == 1:
+            self.first_out = now
 
     @property
     def slack(self) -> float:

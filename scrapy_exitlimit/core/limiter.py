@@ -28,7 +28,7 @@ from typing import Any
 
 from . import forgetting, selector, sharing, views
 from .aliases import ExitAliases
-from .bucket import TokenBucket
+from .bucket import ArrivalFloor, TokenBucket
 from .changes import Feedback
 from .exits import Exit
 from .feedback import FeedbackLaws
@@ -226,12 +226,47 @@ class Limiter:
         shared = [b for b in (self._sync_budget(origin_state),) if b is not None]
         if scopes:
             shared += self.scopes.budgets(scopes, now)
+        gate = self._gate(origin_state, scopes, now) if shared else None
+        if gate is not None:
+            return gate
         wait = take_together(shared, now)
         if wait is not None:
             return wait
         gap = now - pair.last_admit
         pair.bucket.consume(now)
         return self._grant(origin_state, exit_state, pair, now, gap, scopes=scopes)
+
+    def _shared_floors(self, origin_state: OriginState, scopes: Sequence[Scope]
+                       ) -> list[tuple[ArrivalFloor, TokenBucket]]:
+        """The budgets every exit shares for such a request that pace now, with their
+        arrival floors."""
+        budget = origin_state.budget
+        out = [(budget.arrivals, budget.bucket)] if budget.bucket is not None else []
+        for scope in scopes:
+            state = self.scopes.states.get(scope.id)
+            if state is not None and state.bucket is not None:
+                out.append((state.arrivals, state.bucket))
+        return out
+
+    def _gate(self, origin_state: OriginState, scopes: Sequence[Scope], now: float
+              ) -> float | None:
+        gates = [g for arrivals, _ in self._shared_floors(origin_state, scopes)
+                 if (g := arrivals.gate(now)) is not None]
+        return max(gates) if gates else None
+
+    def first_answer_gate(self, origin: str, scopes: Sequence[Scope] = (),
+                          now: float | None = None) -> tuple[float | None, bool]:
+        """For a shared backend: (until when a shared budget of the request waits for its
+        first request's answer, or None; whether the next request is a budget's first,
+        to be asked for alone). See ``bucket.ArrivalFloor.gate``."""
+        now = self.clock() if now is None else now
+        origin_state = self.origin_state(origin)
+        self._sync_budget(origin_state)
+        if scopes:
+            self.scopes.budgets(scopes, now)
+        floors = self._shared_floors(origin_state, scopes)
+        return (self._gate(origin_state, scopes, now),
+                any(arrivals.pending() for arrivals, _ in floors))
 
     def scope_budgets(self, scopes: Sequence[Scope], now: float | None = None
                       ) -> list[tuple[str, TokenBucket]]:
@@ -293,6 +328,8 @@ class Limiter:
             self._pace(origin_state, exit_id, pair)
         pair.admitted(now)
         site_gap, origin_state.last_admit = now - origin_state.last_admit, now
+        for arrivals, bucket in self._shared_floors(origin_state, scopes):
+            arrivals.taken(now, bucket)
         exit_state.in_flight += 1
         if lease_id is None:
             lease_id = self.leases.reserve_ids(1)
