@@ -266,7 +266,7 @@ class Limiter:
             self.scopes.budgets(scopes, now)
         floors = self._shared_floors(origin_state, scopes)
         return (self._gate(origin_state, scopes, now),
-                any(arrivals.pending() for arrivals, _ in floors))
+                any(arrivals.pending() and bucket.burst == 1 for arrivals, bucket in floors))
 
     def scope_budgets(self, scopes: Sequence[Scope], now: float | None = None
                       ) -> list[tuple[str, TokenBucket]]:
