@@ -122,8 +122,10 @@ def test_a_certificate_not_trusted_is_a_clear_error_at_start(tls_redis, tmp_path
 async def test_a_crawl_over_tls_redis(tls_redis):
     port, ca = tls_redis
     lab = Lab(exits=2, origin=OriginConfig(rate=10, burst=1))
-    # 8 of 10 r/s: a redis-server reply late on a loaded machine can bunch two sends
-    crawler = await crawl_lab(lab, tls_settings(port, ca, EXITLIMIT_RATE=8), 20)
+    # what this checks is the transport, not pacing's last percent (test_crawl.py and the
+    # bench have that): 5 of 10 r/s, as a TLS redis-server reply late on a loaded machine
+    # bunched two sends at 8 once in CI (one 429)
+    crawler = await crawl_lab(lab, tls_settings(port, ca, EXITLIMIT_RATE=5), 20)
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 20 and lab.origin.total(429) == 0
     assert stats["exitlimit/redis_calls/admit"] > 0 and not stats.get("exitlimit/redis_errors")
