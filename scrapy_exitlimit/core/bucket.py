@@ -109,14 +109,14 @@ class ArrivalFloor:
         until = self.first_out + FIRST_ANSWER_WAIT
         return until if now < until else None
 
-    def pending(self) -> bool:
-        """No request of the budget has gone yet: the next is its first (one at a time)."""
-        return self.first_out is None and not self.answers
+    def pending(self, bucket: TokenBucket) -> bool:
+        """The budget's next request is its first, to be gated (one at a time). A budget
+        with a burst takes two requests arriving together anyway: never gated."""
+        return self.first_out is None and not self.answers and bucket.burst == 1
 
     def taken(self, now: float, bucket: TokenBucket) -> None:
-        """A token of ``bucket`` was taken for a request (a budget with a burst takes
-        two requests arriving together anyway: no gate)."""
-        if self.first_out is None and bucket.burst == 1:
+        """A token of ``bucket`` was taken for a request."""
+        if self.pending(bucket):
             self.first_out = now
 
     @property

@@ -80,6 +80,12 @@ def take_together(buckets: Sequence[TokenBucket], now: float) -> float | None:
     return None
 
 
+def _gate(floors: Sequence[tuple[ArrivalFloor, TokenBucket]], now: float) -> float | None:
+    """Until when a shared budget waits for its first request's answer (None: none does)."""
+    gates = [g for arrivals, _ in floors if (g := arrivals.gate(now)) is not None]
+    return max(gates) if gates else None
+
+
 class Limiter:
     """Pure, in-memory admission control. The caller supplies time and waits.
 
@@ -226,7 +232,7 @@ class Limiter:
         shared = [b for b in (self._sync_budget(origin_state),) if b is not None]
         if scopes:
             shared += self.scopes.budgets(scopes, now)
-        gate = self._gate(origin_state, scopes, now) if shared else None
+        gate = _gate(self._shared_floors(origin_state, scopes), now) if shared else None
         if gate is not None:
             return gate
         wait = take_together(shared, now)
@@ -248,12 +254,6 @@ class Limiter:
                 out.append((state.arrivals, state.bucket))
         return out
 
-    def _gate(self, origin_state: OriginState, scopes: Sequence[Scope], now: float
-              ) -> float | None:
-        gates = [g for arrivals, _ in self._shared_floors(origin_state, scopes)
-                 if (g := arrivals.gate(now)) is not None]
-        return max(gates) if gates else None
-
     def first_answer_gate(self, origin: str, scopes: Sequence[Scope] = (),
                           now: float | None = None) -> tuple[float | None, bool]:
         """For a shared backend: (until when a shared budget of the request waits for its
@@ -265,8 +265,7 @@ class Limiter:
         if scopes:
             self.scopes.budgets(scopes, now)
         floors = self._shared_floors(origin_state, scopes)
-        return (self._gate(origin_state, scopes, now),
-                any(arrivals.pending() and bucket.burst == 1 for arrivals, bucket in floors))
+        return _gate(floors, now), any(arrivals.pending(bucket) for arrivals, bucket in floors)
 
     def scope_budgets(self, scopes: Sequence[Scope], now: float | None = None
                       ) -> list[tuple[str, TokenBucket]]:
