@@ -70,3 +70,43 @@ async def test_reserved_leases_nobody_asks_for_go_back(redis_url):
         assert not any(lease_id in backend.limiter.leases for lease_id in held)
     finally:
         await backend.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reserved_request_handed_out_late_moves_the_origin_budget_on(redis_url,
+                                                                            monkeypatch):
+    """A strict site counts the origin budget's gaps from arrival to arrival: a reserved
+    token's request handed out late (its timer fired late) puts the budget's next token an
+    interval after it went, not after the token's time (the memory backend stamps a
+    request when it goes). Also: no call before the next token may be reserved."""
+    import redis
+
+    import scrapy_exitlimit.backends.redis as redis_backend
+
+    monkeypatch.setattr(redis_backend, "HELD_LATE", 5.0)  # however late the machine is
+    settings = Settings({"EXITLIMIT_EXITS": ["http://127.0.0.10:3128"],  # a pair known warm
+                         "EXITLIMIT_RATE": 100, "EXITLIMIT_ORIGIN_RATE": 10,
+                         **redis_crawl_settings(redis_url)})
+    backend = RedisBackend(ExitLimitConfig.from_settings(settings), settings)
+    backend.limiter.arrival_slack = lambda pair: 0.001  # the pairs' paths are known
+    backend.open()
+    try:
+        first = await admit(backend, "http://o")
+        backend.release(first.leases[0].id)  # its answer: the next need not wait for it
+        calls = backend.calls["admit"]
+        early = await admit(backend, "http://o")
+        assert early.leases == [] and backend.calls["admit"] == calls  # nothing to ask yet
+        await _sleep(early.ready_at - backend.clock())
+        got = await admit(backend, "http://o")
+        assert got.leases == [] and backend._held  # reserved at the token's time
+        await _sleep(got.ready_at - backend.clock() + 0.03)
+        late = await admit(backend, "http://o")
+        went = backend.clock()
+        assert len(late.leases) == 1 and went - late.leases[0].admitted_at >= 0.03
+        await admit(backend, "http://o")
+        await _sleep(0.3)  # the anchor rides with the next call, or goes alone
+        with redis.Redis.from_url(redis_url) as client:
+            tat = float(client.hget(backend._key("origin", "http://o"), "tat"))
+        assert tat >= went + 0.1 - 0.002
+    finally:
+        await backend.close()

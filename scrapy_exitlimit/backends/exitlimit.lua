@@ -47,9 +47,12 @@ local function presence(pk, id, ttl)
 end
 
 -- give back lease `token`; `arrived` 1: the request reached the server as late as
--- now - back, so the pair's next request goes an interval after that
+-- now - back, so the pair's next request goes an interval after that. An empty token
+-- gives nothing back: a request sent late re-anchors a shared budget (pk) alone
 local function release(lk, pk, token, arrived, back, interval)
-  redis.call('ZREM', lk, token)
+  if token ~= '' then
+    redis.call('ZREM', lk, token)
+  end
   if arrived == '1' and redis.call('EXISTS', pk) == 1 then
     local when = now - tonumber(back) + tonumber(interval)
     local tat = num(redis.call('HGET', pk, 'tat'), NEG)
@@ -155,6 +158,7 @@ if op == 'admit' then
   local lease_blocked = 0
   local shared_blocked = 0
   local admitted = 0
+  local waiting = nil  -- the ready candidate a shared budget's token held up
   -- one lease on pair x at time `at` (now, or a reserved later time)
   local function take(i, at)
     local x = c[i]
@@ -203,6 +207,7 @@ if op == 'admit' then
         -- other pairs' tokens say (and every other candidate would wait for it too)
         wait = sready
         shared_blocked = 2
+        waiting = best
         break
       end
     end
@@ -232,11 +237,29 @@ if op == 'admit' then
       end
     end
     table.sort(due, function(a, b) return a[2] < b[2] end)
-    if #shared > 0 and #due > 0 then  -- shared budgets: one, when they all allow
-      local at = math.max(due[1][2], shared_ready())
-      if at <= now + horizon then
-        take(due[1][1], at)
+    -- a shared token: only from half its interval before it on, so the previous
+    -- request's answer (which re-anchors the budget on when it arrived) is in first
+    local sahead = horizon
+    for _, b in ipairs(shared) do
+      sahead = math.min(sahead, b.interval / 2)
+    end
+    local function take_shared(i, at)
+      local sready = shared_ready()
+      if sready > now + sahead then
+        opens = math.min(opens, sready - sahead * (1 - phase))
+      elseif at <= now + horizon then
+        take(i, at)
       end
+    end
+    if waiting ~= nil then
+      -- a ready pair waits for the shared token: it is the one that goes (the least
+      -- loaded, then the one that waited longest), reserved if the caller knows it warm;
+      -- else the caller asks again when the token is due (a cold pair never passed over)
+      if c[waiting].reserve then
+        take_shared(waiting, shared_ready())
+      end
+    elseif #shared > 0 and #due > 0 then  -- shared budgets: one, when they all allow
+      take_shared(due[1][1], math.max(due[1][2], shared_ready()))
     else
       for k = 1, math.min(#due, want) do
         take(due[k][1], due[k][2])

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from ..config import ExitLimitConfig
+    from ..core.bucket import ArrivalFloor, TokenBucket
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ RESERVE_AHEAD = 0.25
 #: later, it could land too close to its pair's next token, taken by another process
 #: (the pacing margin, EXITLIMIT_SAFETY_MARGIN, absorbs less)
 HELD_LATE = 0.01
+#: a shared budget's lease handed out this long after its token's time re-anchors the
+#: budget on when it goes (less is not worth the arguments a call carries)
+SENT_LATE = 0.0002
 #: releases wait for an admission call due within this long, to ride along with it
 RELEASE_WAIT = 0.1
 #: a release waits this long for a call to ride along with (the next admission, usually);
@@ -215,6 +219,11 @@ class RedisBackend(Backend):
         #: large pools: origin -> the exits used last (most recent last) and their candidacy
         self._warm: dict[str, dict[str, Candidate]] = {}
         self._planned: dict[str, float] = {}  # origin -> when it was last planned
+        #: origin -> when this process's last request under the origin's budget went
+        self._shared_sent: dict[str, float] = {}
+        #: where in a reservation window this process calls (processes told the same
+        #: token's time would all call together); fixed, so a wake it names holds
+        self._phase = random.random() * 0.8
         #: what was learned is kept this long after it was last written or used
         #: (EXITLIMIT_STATE_MAX_AGE): the next run starts from it
         self.learn_ttl = max(1, math.ceil(config.state_max_age))
@@ -648,6 +657,7 @@ class RedisBackend(Backend):
             self._learn_seen.pop(origin, None)
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
+            self._shared_sent.pop(origin, None)
         if origin not in self._learn_seen:  # first met: start from what Redis holds
             await self._pull_learning(origin, "")
             if not self.shared:
@@ -666,6 +676,10 @@ class RedisBackend(Backend):
             return Admission([], gate)
         if first:
             want = 1
+        wake = self._shared_wake(origin, now, pinned is None and not scopes and self.reserve)
+        if wake is not None:
+            self._next_call = wake
+            return Admission([], wake, False)
         # the best few first (what this process knows of their load; in a large pool the
         # exits it used last, alone, with no plan made while they serve: the pool's other
         # exits are not even looked at); the rest only when those could not grant
@@ -722,6 +736,7 @@ class RedisBackend(Backend):
             if reserved:
                 break
         self._sync_learning(origin)
+        self._sent(leases)
         if reserved:  # tokens reserved for later: each request goes at its token's time
             reserved.sort()
             self._held[origin] = reserved
@@ -736,6 +751,21 @@ class RedisBackend(Backend):
         ready_at = wait if shared_blocked else min(wait, earliest)
         self._next_call = self.clock() if leases else ready_at
         return Admission(leases, ready_at, release_helps)
+
+    def _shared_wake(self, origin: str, now: float, reserving: bool) -> float | None:
+        """When to call for the origin's budget's next token, if not now: no request can
+        go before an interval after this process's last one (other processes only take
+        more tokens), and no call can get it before it may be reserved (RESERVE_AHEAD, and
+        half an interval, as the script keeps to). Saves a call that would find nothing."""
+        sent = self._shared_sent.get(origin)
+        bucket = self.limiter.origin_state(origin).budget.bucket
+        if sent is None or bucket is None:
+            return None
+        lead = 0.0
+        if reserving:  # at a phase of its own within the window, as the script's `opens`
+            lead = min(RESERVE_AHEAD, bucket.interval / 2) * (1 - self._phase)
+        wake = sent + bucket.interval - bucket.tolerance - lead
+        return wake if wake > now else None
 
     def _single_file(self, origin: str) -> bool:
         """Whether a pair of this origin waits for its first answer (which wakes the
@@ -791,6 +821,7 @@ class RedisBackend(Backend):
                 due.append(lease)
         if not held:
             del self._held[origin]
+        self._sent(due)
         return Admission(due, now if due or not held else held[0][0], False)
 
     def _drop_late_held(self) -> None:
@@ -1077,21 +1108,45 @@ class RedisBackend(Backend):
                 # the origin budget's and each scope's next token an interval after the
                 # request surely arrived (``bucket.ArrivalFloor``): a release of the same
                 # token (given back already) re-anchors their hashes as a pair's
-                budget = self.limiter.origin_state(lease.origin).budget
-                shared = [(self._key("origin", lease.origin), budget.arrivals, budget.bucket)]
-                for scope in lease.scopes:
-                    state = self.limiter.scopes.states.get(scope.id)
-                    if state is not None:
-                        shared.append((self._key("scope", scope.id), state.arrivals,
-                                       state.bucket))
-                for key, arrivals, bucket in shared:
-                    if bucket is not None:
-                        self._releases.append(([lease_key, key], (
-                            token, 1, now, arrivals.slack, repr(bucket.interval))))
-            if self._flush_timer is None:
-                self._flush_timer = asyncio.get_running_loop().call_later(
-                    RELEASE_DELAY, self._flush_releases)
+                for key, arrivals, bucket in self._shared_budgets(lease):
+                    self._releases.append(([lease_key, key], (
+                        token, 1, now, arrivals.slack, repr(bucket.interval))))
+            self._arm_flush()
         return lease
+
+    def _shared_budgets(self, lease: Lease) -> list[tuple[str, ArrivalFloor, TokenBucket]]:
+        """The budgets every exit shares that ``lease`` took a token from (the origin's,
+        each named scope's), as (Redis key, arrival floor, bucket)."""
+        budget = self.limiter.origin_state(lease.origin).budget
+        shared = [(self._key("origin", lease.origin), budget.arrivals, budget.bucket)]
+        for scope in lease.scopes:
+            state = self.limiter.scopes.states.get(scope.id)
+            if state is not None:
+                shared.append((self._key("scope", scope.id), state.arrivals, state.bucket))
+        return [(key, arrivals, bucket) for key, arrivals, bucket in shared
+                if bucket is not None]
+
+    def _sent(self, leases: list[Lease]) -> None:
+        """Leases handed out after their token's time (a reserved one when its timer fired
+        late, a granted one after the reply's way back): the shared budgets they took from
+        take their next token an interval after the request actually goes. Stamped at the
+        token's time, a late request would crowd the next one, which a strict site counts
+        from arrival to arrival (the memory backend stamps when the request goes)."""
+        now = self.clock()
+        for lease in leases:
+            if self.limiter.origin_state(lease.origin).budget.bucket is not None:
+                self._shared_sent[lease.origin] = now
+            if now - lease.admitted_at < SENT_LATE:
+                continue
+            for key, _, bucket in self._shared_budgets(lease):
+                # an empty token: nothing given back, the budget's hash re-anchored alone
+                self._releases.append(([key, key], ("", 1, now, 0.0, repr(bucket.interval))))
+                self._arm_flush()
+
+    def _arm_flush(self) -> None:
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                RELEASE_DELAY, self._flush_releases)
 
     def _replicate(self, origin: str, feedback: Feedback) -> list[Event]:
         """Copy what feedback changed into shared state (holds, bans, evictions); publish
