@@ -110,3 +110,22 @@ async def test_a_reserved_request_handed_out_late_moves_the_origin_budget_on(red
         assert tat >= went + 0.1 - 0.002
     finally:
         await backend.close()
+
+
+def test_a_configured_site_rate_gets_the_safety_margin_once_processes_share_it():
+    """One process stamps each request of the origin budget when it goes (exact); several
+    cannot see each other's sends, so a configured site rate is paced with the margin a
+    learned one has."""
+    from scrapy_exitlimit.core.bucket import TokenBucket
+
+    settings = Settings({"EXITLIMIT_EXITS": ["http://127.0.0.10:3128"],
+                         "EXITLIMIT_ORIGIN_RATE": 20, "EXITLIMIT_SAFETY_MARGIN": 0.005,
+                         **redis_crawl_settings("redis://127.0.0.1:1/0")})
+    backend = RedisBackend(ExitLimitConfig.from_settings(settings), settings)
+    configured = backend.limiter.origin_state("http://o").budget.bucket
+    learned = TokenBucket(20, 1, 0.005)
+    assert backend._origin_interval(configured) == pytest.approx(0.05)
+    assert backend._origin_interval(learned) == pytest.approx(0.055)
+    backend.processes = 3
+    assert backend._origin_interval(configured) == pytest.approx(0.055)
+    assert backend._origin_interval(learned) == pytest.approx(0.055)  # no second margin
