@@ -243,12 +243,13 @@ if op == 'admit' then
     for _, b in ipairs(shared) do
       sahead = math.min(sahead, b.interval / 2)
     end
+    -- pair i, its own token due at `at`, takes the shared one when they all allow
     local function take_shared(i, at)
       local sready = shared_ready()
       if sready > now + sahead then
         opens = math.min(opens, sready - sahead * (1 - phase))
-      elseif at <= now + horizon then
-        take(i, at)
+      elseif math.max(at, sready) <= now + horizon then
+        take(i, math.max(at, sready))
       end
     end
     if waiting ~= nil then
@@ -256,10 +257,10 @@ if op == 'admit' then
       -- loaded, then the one that waited longest), reserved if the caller knows it warm;
       -- else the caller asks again when the token is due (a cold pair never passed over)
       if c[waiting].reserve then
-        take_shared(waiting, shared_ready())
+        take_shared(waiting, now)
       end
     elseif #shared > 0 and #due > 0 then  -- shared budgets: one, when they all allow
-      take_shared(due[1][1], math.max(due[1][2], shared_ready()))
+      take_shared(due[1][1], due[1][2])
     else
       for k = 1, math.min(#due, want) do
         take(due[k][1], due[k][2])

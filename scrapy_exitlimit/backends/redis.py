@@ -1147,6 +1147,7 @@ class RedisBackend(Backend):
         token's time, a late request would crowd the next one, which a strict site counts
         from arrival to arrival (the memory backend stamps when the request goes)."""
         now = self.clock()
+        anchors = []
         for lease in leases:
             if self.limiter.origin_state(lease.origin).budget.bucket is not None:
                 self._shared_sent[lease.origin] = now
@@ -1154,8 +1155,10 @@ class RedisBackend(Backend):
                 continue
             for key, _, interval in self._shared_budgets(lease):
                 # an empty token: nothing given back, the budget's hash re-anchored alone
-                self._releases.append(([key, key], ("", 1, now, 0.0, repr(interval))))
-                self._arm_flush()
+                anchors.append(([key, key], ("", 1, now, 0.0, repr(interval))))
+        if anchors:
+            self._releases += anchors
+            self._arm_flush()
 
     def _arm_flush(self) -> None:
         if self._flush_timer is None:
