@@ -761,10 +761,11 @@ class RedisBackend(Backend):
         bucket = self.limiter.origin_state(origin).budget.bucket
         if sent is None or bucket is None:
             return None
+        interval = self._origin_interval(bucket)  # what the script paces it at
         lead = 0.0
         if reserving:  # at a phase of its own within the window, as the script's `opens`
-            lead = min(RESERVE_AHEAD, bucket.interval / 2) * (1 - self._phase)
-        wake = sent + bucket.interval - bucket.tolerance - lead
+            lead = min(RESERVE_AHEAD, interval / 2) * (1 - self._phase)
+        wake = sent + interval - bucket.tolerance - lead
         return wake if wake > now else None
 
     def _single_file(self, origin: str) -> bool:
