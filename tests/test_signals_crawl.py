@@ -32,10 +32,11 @@ def share_429(lab: Lab) -> float:
 @pytest_twisted.ensureDeferred
 async def test_one_503_pauses_the_whole_origin_for_its_retry_after_and_loses_nothing():
     # 2 exits x 10 r/s, known: 20 r/s; 2 s in, one 503 with Retry-After 1. The origin
-    # allows 20 % more per IP (the lab shares our event loop and its stamps jitter: at
-    # exactly the limit a busy CI machine drew one 429 on Scrapy 2.13, at 10 % more two)
+    # allows 50 % more per IP: the lab shares our event loop, and a stall while one request
+    # is between hops stamps it late, next to the one after it (a busy CI machine drew one
+    # 429 on Scrapy 2.13 at exactly the limit, two at 10 % more, one at 20 % more)
     lab = Lab(exits=2, origin=OriginConfig(
-        rate=12, status_at=[ScheduledAnswer(2.0, 503, retry_after=1)]))
+        rate=15, status_at=[ScheduledAnswer(2.0, 503, retry_after=1)]))
     crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 10}, 80)
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 80 and not crawler.spider.failed
