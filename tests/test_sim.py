@@ -8,6 +8,8 @@ floors when a change earns it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scrapy_exitlimit.sim import SCENARIOS, Crawl, OriginModel, Unlimited, simulate, table
@@ -22,15 +24,18 @@ FLOORS = {
     ("site-only", "learned"): (0.88, 0.031),
     ("mixed", "learned"): (0.74, 0.042),
     ("mixed", "known"): (0.79, 0.026),
-    # (0.83, 3.7 % until the pool halved on a 429 wave over three exits or more)
-    ("tighten", "learned"): (0.82, 0.036),
+    # (0.83, 3.7 % until the pool halved on a 429 wave over three exits or more; 0.86,
+    # 2.6 % until jitter-like 429s among mostly clean answers were the pool's, not the
+    # site's)
+    ("tighten", "learned"): (0.84, 0.035),
     ("tighten", "known"): (0.77, 0.109),
     ("loosen", "learned"): (0.79, 0.018),
     ("loosen", "known"): (0.81, 0.001),
     # (seed 1 was 0.886 until the origin budget re-anchored on arrivals, then 0.80, and
     # 0.72 since a lone 429 is checked from below; seeds 1-8 average 0.765 -> 0.775 with
-    # that change: seed 1 moved, not the model)
-    ("burst", "learned"): (0.70, 0.035),
+    # that change: seed 1 moved, not the model; 0.86 since 429s at the pool's pace among
+    # mostly clean answers are the pool's: the site budget had held the origin down)
+    ("burst", "learned"): (0.81, 0.031),
     ("burst", "known"): (0.94, 0.001),
     ("fixed-window", "learned"): (0.75, 0.126),
     ("fixed-window", "known"): (0.97, 0.001),
@@ -87,3 +92,21 @@ def test_without_a_limit_the_bare_crawl_is_the_yardstick():
     model = {"http://site.test": OriginModel(per_ip=Unlimited)}
     bare = simulate(Crawl(model, 500, strategy="bare"))
     assert bare.status == {200: 500} and bare.wall > 0
+
+
+def scenario(name: str):
+    return next(s for s in SCENARIOS if s.name == name)
+
+
+def test_jitter_at_a_per_ip_limit_is_not_taken_for_a_site_limit():
+    """Arrival jitter at the pool's per-IP limit draws 429s now and then, on any exit, at
+    paces the pairs ran clean: three exits within the blame window read as a site limit
+    (these seeds learned a site rate of 31-32 r/s), and the site budget held the origin
+    down. Among mostly clean answers they are the pool's; a site the pool's pace went
+    past refuses a good share, and is still learned as one."""
+    for seed in (6, 7, 8):
+        run = simulate(replace(scenario("jitter-small").build(0.5), seed=seed))
+        assert run.lost == 0
+        assert [e.get("site") for e in run.learned.values()] == [None], seed
+    site_wide = simulate(scenario("site-wide").build(0.5))
+    assert all(e.get("site") for e in site_wide.learned.values())

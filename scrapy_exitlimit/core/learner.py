@@ -59,6 +59,9 @@ AMBIGUOUS_EXITS = 3
 HALVE_EXITS = 3
 #: an exit alone that 429s twice within this many seconds is slower than the pool
 STRIKE_WINDOW = 3.0
+#: 429s that may be jitter at the pool's per-IP limit point at the site only while at
+#: least this share of the last second's answers are 429s (``_pool_jitter``)
+SITE_REFUSED = 0.3
 #: clean answers with the origin budget really pacing that confirm a site rate
 SITE_CONFIRMATIONS = 4
 #: a scout that has not settled its probe in this many intervals hands it on
@@ -144,6 +147,12 @@ class SharedRateLearner:
         """Clean answers/s over the last ``window`` seconds: what the site takes."""
         return self._per_second(sum(1 for at, _, ok in self.answers if ok and now - at <= window),
                                 now, window, least)
+
+    def refused_share(self, now: float) -> float | None:
+        """The share of the last second's answers that were 429s (None: fewer than
+        MIN_SHARE_ANSWERS, too few to tell)."""
+        recent = [ok for at, _, ok in self.answers if now - at <= 1.0]
+        return 1.0 - sum(recent) / len(recent) if len(recent) >= MIN_SHARE_ANSWERS else None
 
     def clean_share(self, since: float) -> float | None:
         """The share of clean answers to requests admitted since ``since`` (None: too
@@ -550,20 +559,16 @@ class OriginLearner(SharedRateLearner):
             if scopes:  # a key the request carries, whatever exit it left from
                 return [ev for key, scope in scopes
                         for ev in scope.scope_evidence(key, exit_id, admitted_at, now, wider)]
-            return self._site_evidence(origin, exit_id, admitted_at, now, wider)
+            if not self._pool_jitter(pl, wider, now):
+                return self._site_evidence(origin, exit_id, admitted_at, now, wider)
+            # jitter meets every exit alike: the pool's, or (alone) no one's
+            return self._pool_429(origin, exit_id, pl, rate, admitted_at, now) or []
         if pl.own is not None:
             return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now,
                                1.0 / fastest)
-        if admitted_at < pool.changed_at:
-            return []  # the pool's rate changed since: this 429 is old news
-        # the pool's pace drawing 429s on many exits (its raise was wrong, or the
-        # limit moved down for every exit): the pool learns it at once; from
-        # HALVE_EXITS exits on, the limit is well under that pace: it halves
-        exits = self._pool_too_fast(exit_id, now)
-        if exits:
-            streak = max(pl.rate_streak, len(BACKOFF_BY_STREAK)) if exits >= HALVE_EXITS \
-                else pl.rate_streak
-            return self._lower(origin, None, pool, rate, streak, admitted_at, now)
+        events = self._pool_429(origin, exit_id, pl, rate, admitted_at, now)
+        if events is not None:
+            return events
         if now - pl.strike > STRIKE_WINDOW:
             pl.strike = now  # once may be the site's: twice alone is this exit's
             return []
@@ -634,6 +639,36 @@ class OriginLearner(SharedRateLearner):
         return [Event("rate_down", origin, exit_id,
                       f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                       f"ceiling {est.hi:.3g}")]
+
+    def _pool_429(self, origin: str, exit_id: str, pl: PairLearning, rate: float,
+                  admitted_at: float, now: float) -> list[Event] | None:
+        """A 429 at the pool's pace: what the pool learns ([] for old news), or None when
+        it is one exit's alone so far."""
+        pool = self.pool
+        if admitted_at < pool.changed_at:
+            return []  # the pool's rate changed since: this 429 is old news
+        # the pool's pace drawing 429s on many exits (its raise was wrong, or the
+        # limit moved down for every exit): the pool learns it at once; from
+        # HALVE_EXITS exits on, the limit is well under that pace: it halves
+        exits = self._pool_too_fast(exit_id, now)
+        if not exits:
+            return None
+        streak = max(pl.rate_streak, len(BACKOFF_BY_STREAK)) if exits >= HALVE_EXITS \
+            else pl.rate_streak
+        return self._lower(origin, None, pool, rate, streak, admitted_at, now)
+
+    def _pool_jitter(self, pl: PairLearning, wider: bool, now: float) -> bool:
+        """Whether a 429 as late after the pair's last clean request as clean ones came
+        (give or take its arrival jitter) is the pool's per-IP limit met by jitter, not
+        the site's: the pair paces at the pool's rate, the pool has found its ceiling,
+        and the site takes nearly all it is sent (under SITE_REFUSED 429s over the last
+        second). A site limit the pool's pace went past refuses a good share; jitter at a
+        per-IP limit now and then, on any exit, and three exits within the blame window
+        had read as a site limit: the site budget then held the whole origin down."""
+        if wider or self.site is not None or pl.own is not None or self.pool.hi is None:
+            return False
+        share = self.refused_share(now)
+        return share is not None and share < SITE_REFUSED
 
     def _pool_too_fast(self, exit_id: str, now: float) -> int:
         """Exits 429 at the pool's pace, each its own limit's doing: many of them
