@@ -59,6 +59,8 @@ AMBIGUOUS_EXITS = 3
 HALVE_EXITS = 3
 #: an exit alone that 429s twice within this many seconds is slower than the pool
 STRIKE_WINDOW = 3.0
+#: ... at once, when it set the pool's ceiling and the pool runs clean this much faster
+OUTPACED = 1.2
 #: 429s that may be jitter at the pool's per-IP limit point at the site only while at
 #: least this share of the last second's answers are 429s (``_pool_jitter``)
 SITE_REFUSED = 0.3
@@ -357,6 +359,8 @@ class OriginLearner(SharedRateLearner):
     #: the two exits whose 429s set the pool's ceiling (a lone one and the one that
     #: agreed): if both prove slower than the pool, the ceiling was theirs, not its
     ceiling_by: set[str] = field(default_factory=set)
+    #: the pool's clean rate when those two set its ceiling
+    ceiling_lo: float = math.inf
     #: recent 429s at the pool's pace that the pairs' spacing explains: (time, exit)
     pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
     last_tick: float = -math.inf
@@ -569,7 +573,7 @@ class OriginLearner(SharedRateLearner):
         events = self._pool_429(origin, exit_id, pl, rate, admitted_at, now)
         if events is not None:
             return events
-        if now - pl.strike > STRIKE_WINDOW:
+        if now - pl.strike > STRIKE_WINDOW and not self._outpaced(exit_id):
             pl.strike = now  # once may be the site's: twice alone is this exit's
             return []
         # the pool's known-clean rate is too fast for this exit: it learns its own
@@ -622,8 +626,15 @@ class OriginLearner(SharedRateLearner):
             self.scout = pick_scout([exit_id])
         events = self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
         if events:
-            self.ceiling_by = agreed
+            self.ceiling_by, self.ceiling_lo = agreed, pool.lo
         return events
+
+    def _outpaced(self, exit_id: str) -> bool:
+        """Whether ``exit_id`` set the pool's ceiling and the pool has since run clean
+        OUTPACED times faster than it did then: a 429 there at the pool's pace is this
+        exit's own limit at once (two slow exits that scouted first had held the pool
+        under their ceiling for seconds, each waiting out a strike)."""
+        return exit_id in self.ceiling_by and self.pool.lo >= self.ceiling_lo * OUTPACED
 
     def _lower(self, origin: str, exit_id: str | None, est: RateEstimate, rate: float,
                streak: int, admitted_at: float, now: float, taken: float = math.inf
@@ -695,6 +706,7 @@ class OriginLearner(SharedRateLearner):
             "suspect": self.suspect,
             "suspect_rate": self.suspect_rate if math.isfinite(self.suspect_rate) else None,
             "ceiling_by": sorted(self.ceiling_by),
+            "ceiling_lo": self.ceiling_lo if math.isfinite(self.ceiling_lo) else None,
         }
 
     def load(self, data: Mapping[str, Any], known_exits: Callable[[str], bool]) -> None:
@@ -706,6 +718,8 @@ class OriginLearner(SharedRateLearner):
         rate = data.get("suspect_rate")
         self.suspect_rate = math.inf if rate is None else rate
         self.ceiling_by = set(data.get("ceiling_by", ()))
+        ceiling_lo = data.get("ceiling_lo")
+        self.ceiling_lo = math.inf if ceiling_lo is None else ceiling_lo
 
     # -- across runs (warm start) ------------------------------------------------
     def remembered(self, allowance: float = 0.0) -> dict[str, Any] | None:
