@@ -13,7 +13,7 @@ import pytest_twisted
 from scrapy_exitlimit.lab import Lab, OriginConfig, ScheduledAnswer
 from scrapy_exitlimit.middleware import ExitLimitMiddleware
 
-from .crawling import crawl_lab
+from .crawling import CALLBACK_DELAY, crawl_lab
 
 
 def middleware(crawler) -> ExitLimitMiddleware:
@@ -32,17 +32,19 @@ def share_429(lab: Lab) -> float:
 @pytest_twisted.ensureDeferred
 async def test_one_503_pauses_the_whole_origin_for_its_retry_after_and_loses_nothing():
     # 2 exits x 10 r/s, known: 20 r/s; 2 s in, one 503 with Retry-After 1. The origin
-    # allows 50 % more per IP: the lab shares our event loop, and a stall while one request
-    # is between hops stamps it late, next to the one after it (a busy CI machine drew one
-    # 429 on Scrapy 2.13 at exactly the limit, two at 10 % more, one at 20 % more)
+    # allows 50 % more per IP (the lab shares our event loop and its stamps jitter). On
+    # Scrapy < 2.18 CI drew one 429 at exactly the limit, two at 10 % more, one at 20 %
+    # and two at 50 %: not a matter of room, but the rare 429 CALLBACK_DELAY describes;
+    # none on 2.18 and later, none in 25 runs here on 2.13.4 with both cores kept busy
     lab = Lab(exits=2, origin=OriginConfig(
         rate=15, status_at=[ScheduledAnswer(2.0, 503, retry_after=1)]))
     crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 10}, 80)
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 80 and not crawler.spider.failed
-    assert lab.origin.total(503) == 1 and lab.origin.total(429) == 0
+    assert lab.origin.total(503) == 1
+    assert lab.origin.total(429) <= (2 if CALLBACK_DELAY else 0)
     assert stats["exitlimit/overload"] == stats["exitlimit/origin_slowed"] == 1
-    assert stats["exitlimit/reissued"] == 1
+    assert stats["exitlimit/reissued"] == 1 + lab.origin.total(429)  # each page again
     events = all_events(lab)
     at = next(t for t, status in events if status == 503)
     # requests already on their way when the 503 was sent may still arrive; then none
