@@ -188,13 +188,39 @@ def test_the_start_rate_is_proven_by_one_scout_while_the_others_wait_for_it():
     assert lim.pair_rate(ostate, ostate.scout, lim.pair_state(SITE, ostate.scout)) == 4.0
 
 
-def test_a_scout_that_cannot_send_hands_discovery_on():
+def test_a_scout_whose_proxy_fails_hands_discovery_on_at_once():
     # the scout's proxy is dead: while the start rate is unproven every other exit waits
-    # for the scout; once the dead exit is evicted, another takes the probe at once
+    # for the scout, so its first fault (not its eviction, faults later) hands the probe on
     lim, clock = learner(3)
     leases = [lim.try_admit(SITE) for _ in range(3)]
     ostate = lim.origin_state(SITE)
     dead = ostate.scout
+    for lease in leases:
+        if lease.exit_id != dead:
+            answer(lim, clock, lease)
+    faulted = next(lease for lease in leases if lease.exit_id == dead)
+    lim.proxy_fault(faulted, dead, SITE)
+    lim.release(faulted.id, answered=False)
+    assert lim.usable(SITE, dead)  # one fault does not evict it
+    assert ostate.scout not in (None, dead)
+    clock.now = 0.6
+    lease = lim.try_admit(SITE)
+    assert isinstance(lease, Lease) and lease.exit_id == ostate.scout
+    assert lim.try_admit(SITE) > clock.now  # the others (the dead exit too) wait for it
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_checker_is_an_exit_the_origin_has_answered(seed):
+    """The scout's 429 at the start rate is checked by another exit: never by one whose
+    only request got no answer (a dead proxy not yet evicted would hold every exit's
+    discovery until its faults evict it: a second in the lab)."""
+    clock = FakeClock(0.0)
+    exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(4)]
+    lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
+                  tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+    leases = [lim.try_admit(SITE) for _ in range(4)]
+    ostate = lim.origin_state(SITE)
+    scout, dead = leases[0].exit_id, leases[1].exit_id
     for lease in leases:
         if lease.exit_id == dead:
             lim.proxy_fault(lease, dead, SITE)
@@ -202,19 +228,11 @@ def test_a_scout_that_cannot_send_hands_discovery_on():
         else:
             answer(lim, clock, lease)
     clock.now = 0.6
-    for _ in range(2):  # the scout's next requests fail too, and it is evicted
-        retry = lim.try_admit(SITE)
-        if not isinstance(retry, Lease):
-            assert math.isfinite(retry), "the scout's own next turn is in sight"
-            clock.now = retry
-            retry = lim.try_admit(SITE)
-        assert retry.exit_id == dead  # (the others hold for the scout's verdict)
-        lim.proxy_fault(retry, dead, SITE)
-        lim.release(retry.id, answered=False)
-    assert not lim.usable(SITE, dead)
-    lease = lim.try_admit(SITE)
-    assert isinstance(lease, Lease) and lease.exit_id != dead
-    assert ostate.scout == lease.exit_id
+    probe = lim.try_admit(SITE)
+    assert probe.exit_id == scout
+    answer(lim, clock, probe, status=429)
+    assert ostate.learner.suspect == scout
+    assert ostate.scout not in (None, scout, dead)
 
 
 def test_a_start_rate_above_the_limit_draws_one_429_per_exit_that_tries_it():

@@ -167,7 +167,10 @@ class FeedbackLaws:
                    and p.cooldown_until <= now]
         if not choices:
             return None
-        chosen = self.rng.choice(choices)
+        # one that has had an answer from the origin: a dead proxy (no answer yet, its
+        # faults not yet enough to evict it) would hold a discovery for seconds
+        answered = [e for e in choices if origin_state.pairs[pair_key(e)].proven]
+        chosen = self.rng.choice(answered or choices)
         pair = origin_state.pairs[pair_key(chosen)]
         pair.learning.confirmations, pair.learning.confirmed_rate = 0, math.inf
         origin_state.learner.scout_since = now
@@ -239,6 +242,12 @@ class FeedbackLaws:
                     EventKind.ORIGIN_TIMEOUT, origin, exit_id,
                     "the origin is slow for several exits: not the exit's fault"))
                 return out
+        if origin is not None:
+            origin_state = self.state.origin(origin)
+            learner = origin_state.learner
+            if learner.scout == exit_id:  # a probe needs answers: another exit takes it
+                learner.scout = self._pick_scout(origin_state, now, [exit_id])
+                out.changes.append(LearningChanged(origin))
         health = exit_state.health
         if health.fault(now):
             out.events.append(Event(EventKind.EVICTED, origin or "", exit_id,
