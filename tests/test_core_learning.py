@@ -209,6 +209,28 @@ def test_a_scout_whose_proxy_fails_hands_discovery_on_at_once():
     assert lim.try_admit(SITE) > clock.now  # the others (the dead exit too) wait for it
 
 
+def test_fast_rates_are_proven_though_each_admission_comes_a_few_ms_late():
+    """A timer fires when the event loop is free, a few ms after the token. At 200 r/s
+    (5 ms + the 5 ms margin apart) 3 ms late made the scout look demand-bound (125 r/s
+    achieved): a start rate that fast was never proven, every other exit held for the
+    scout the whole crawl, and slow start stalled above ~50 r/s. Far from any known
+    limit that lateness is allowed for (ADMIT_LATE)."""
+    lim, clock = learner(3, start_rate=200.0, margin=0.005)
+    ostate = lim.origin_state(SITE)
+    for lease in [lim.try_admit(SITE) for _ in range(3)]:
+        answer(lim, clock, lease)
+    est = ostate.estimate
+    for proven_at in (200.0, 400.0):  # the start rate, then slow start's first step
+        while not (est.proven and est.lo >= proven_at):
+            assert clock.now < 1.0, f"{proven_at:g} r/s never proven (lo {est.lo:g})"
+            got = lim.try_admit(SITE)
+            if isinstance(got, Lease):
+                answer(lim, clock, got)
+            else:
+                clock.now = got + 0.003  # each admission the timer's lateness after its token
+        assert est.lo == pytest.approx(proven_at)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_a_checker_is_an_exit_the_origin_has_answered(seed):
     """The scout's 429 at the start rate is checked by another exit: never by one whose
