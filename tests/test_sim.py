@@ -114,11 +114,15 @@ def test_jitter_at_a_per_ip_limit_is_not_taken_for_a_site_limit():
 
 def test_two_slow_exits_that_scouted_first_give_the_pool_back_as_soon_as_it_outpaces_them():
     """Seed 15 of the mixed pool: both 1 r/s exits draw the first 429s (at the 2 r/s
-    start), so their ceiling becomes the pool's. Once the other exits run clean 1.2 times
-    faster than then, a 429 on either at the pool's pace is its own limit at once: by 4 s
-    both are marked slower and the pool slow-starts again (each waited out a strike
-    first, and the pool stayed under their ceiling until 5.5 s)."""
-    run = simulate(replace(scenario("mixed").build(1.0), seed=15, time_limit=4.0))
+    start), so their ceiling becomes the pool's. The pool climbs under a ceiling set at
+    the start rate one confirmation a step (not three), and once the other exits run
+    clean 1.2 times faster than then, a 429 on either at the pool's pace is its own limit
+    at once: by 2.5 s both are marked slower and the pool slow-starts again (it stayed
+    under their ceiling until 5.5 s when each waited out a strike first, and at 1.41 r/s
+    until past 4 s with three confirmations a step); by 3 s it runs at 4.7 r/s."""
+    run = simulate(replace(scenario("mixed").build(1.0), seed=15, time_limit=2.5))
     learned = run.learned["http://site.test"]
     assert sorted(learned["pairs"]) == ["127.0.0.10:8000", "127.0.0.11:8000"]
     assert learned["pool"]["ceiling"] is None
+    later = simulate(replace(scenario("mixed").build(1.0), seed=15, time_limit=3.0))
+    assert later.learned["http://site.test"]["pool"]["clean"] > 4.0

@@ -366,6 +366,9 @@ class OriginLearner(SharedRateLearner):
     ceiling_by: set[str] = field(default_factory=set)
     #: the pool's clean rate when those two set its ceiling
     ceiling_lo: float = math.inf
+    #: they set it at the unproven start rate: a guess two exits refused (in a mixed
+    #: pool, perhaps its two slow exits), not a limit the pool has probed near
+    ceiling_at_start: bool = False
     #: recent 429s at the pool's pace that the pairs' spacing explains: (time, exit)
     pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
     last_tick: float = -math.inf
@@ -487,7 +490,12 @@ class OriginLearner(SharedRateLearner):
             return []
         pl.confirmations += 1
         pl.confirmed_rate = min(pl.confirmed_rate, achieved)
-        needed = CONFIRMATIONS if est.hi is None or not est.proven else \
+        # (a ceiling two exits set at the start rate is probed as slow start is, until
+        # a probe under it draws a 429: if it was two slow exits', the pool climbs
+        # through it in one step a time, and three confirmations a step had held the
+        # other exits at 1 r/s for seconds; if it is the pool's, that 429 comes as soon)
+        needed = CONFIRMATIONS if est.hi is None or not est.proven or (
+            not own and self.ceiling_at_start and self.ceiling_by) else \
             CONFIRMATIONS_NEAR_CEILING
         if pl.confirmations < needed:
             return []
@@ -635,9 +643,11 @@ class OriginLearner(SharedRateLearner):
             agreed = set()  # a scout's probe under a known ceiling: the pool's
         if not pool.proven:
             self.scout = pick_scout([exit_id])
+        at_start = not pool.proven
         events = self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
         if events:
             self.ceiling_by, self.ceiling_lo = agreed, pool.lo
+            self.ceiling_at_start = at_start and bool(agreed)
         return events
 
     def _outpaced(self, exit_id: str) -> bool:
@@ -718,6 +728,7 @@ class OriginLearner(SharedRateLearner):
             "suspect_rate": self.suspect_rate if math.isfinite(self.suspect_rate) else None,
             "ceiling_by": sorted(self.ceiling_by),
             "ceiling_lo": self.ceiling_lo if math.isfinite(self.ceiling_lo) else None,
+            "ceiling_at_start": self.ceiling_at_start,
         }
 
     def load(self, data: Mapping[str, Any], known_exits: Callable[[str], bool]) -> None:
@@ -731,6 +742,7 @@ class OriginLearner(SharedRateLearner):
         self.ceiling_by = set(data.get("ceiling_by", ()))
         ceiling_lo = data.get("ceiling_lo")
         self.ceiling_lo = math.inf if ceiling_lo is None else ceiling_lo
+        self.ceiling_at_start = bool(data.get("ceiling_at_start", False))
 
     # -- across runs (warm start) ------------------------------------------------
     def remembered(self, allowance: float = 0.0) -> dict[str, Any] | None:
