@@ -40,7 +40,7 @@ from .learning import BACKOFF_BY_STREAK, CLIMB_BELOW, RESOLUTION, RateEstimate, 
 #: one in slow start (far from any ceiling), more when bisecting near one
 CONFIRMATIONS = 1
 CONFIRMATIONS_NEAR_CEILING = 3
-#: seconds an admission may come after its token's time and still count as paced
+#: seconds an admission may come after its token's time and still prove a start rate
 ADMIT_LATE = 0.005
 #: ... allowed for once it is this share of the pacing interval or more (under it, the
 #: 10 % a confirmation allows absorbs it, and probes at a few r/s stay exact)
@@ -456,12 +456,13 @@ class OriginLearner(SharedRateLearner):
         self._answered(now, admitted_at, True)
         # what the pair really achieved: its pacing rate, or less when something else
         # (its concurrency, latency, demand, the site budget) spaced the requests wider
-        # (far from any known limit, less the lateness an admission may have after its
-        # token: a timer fires when the event loop is free, a few ms late, and at high
-        # rates that alone made a paced pair look demand-bound: no probe above ~50 r/s
-        # confirmed, and a start rate that high was never proven)
-        late = ADMIT_LATE if rate * ADMIT_LATE >= LATE_SHARE and not self.near_limit(pl) \
-            else 0.0
+        # (proving a start rate far from any known limit, less the lateness an admission
+        # may have after its token: a timer fires when the event loop is free, a few ms
+        # late, and at high rates that alone made the scout look demand-bound: a start
+        # rate of 100 r/s or more was never proven, and every other exit held for it)
+        est = pl.own if pl.own is not None else self.pool
+        late = ADMIT_LATE if not est.proven and rate * ADMIT_LATE >= LATE_SHARE and \
+            not self.near_limit(pl) else 0.0
         achieved = min(rate, 1.0 / max(gap - margin - late, 1e-6))
         if achieved >= rate * 0.95:  # the rate itself ran clean
             pl.rate_streak = 0
