@@ -405,9 +405,13 @@ class OriginLearner(SharedRateLearner):
         return (not self.pool.proven and sent_before and pl.own is None
                 and self.scout is not None and self.scout != exit_id)
 
+    def estimate(self, pl: PairLearning) -> RateEstimate:
+        """The limit a pair paces by: its own, or the pool's."""
+        return pl.own if pl.own is not None else self.pool
+
     def near_limit(self, pl: PairLearning) -> bool:
         """Whether a limit is known close by: then pacing allows for arrival jitter."""
-        est = pl.own if pl.own is not None else self.pool
+        est = self.estimate(pl)
         return est.hi is not None or est.ceiling < self.max_rate
 
     # -- admission -------------------------------------------------------------
@@ -460,8 +464,7 @@ class OriginLearner(SharedRateLearner):
         # may have after its token: a timer fires when the event loop is free, a few ms
         # late, and at high rates that alone made the scout look demand-bound: a start
         # rate of 100 r/s or more was never proven, and every other exit held for it)
-        est = pl.own if pl.own is not None else self.pool
-        late = ADMIT_LATE if not est.proven and rate * ADMIT_LATE >= LATE_SHARE and \
+        late = ADMIT_LATE if not self.estimate(pl).proven and rate * ADMIT_LATE >= LATE_SHARE and \
             not self.near_limit(pl) else 0.0
         achieved = min(rate, 1.0 / max(gap - margin - late, 1e-6))
         if achieved >= rate * 0.95:  # the rate itself ran clean
@@ -478,8 +481,7 @@ class OriginLearner(SharedRateLearner):
     def _confirm_pair(self, origin: str, exit_id: str, pl: PairLearning, achieved: float,
                       admitted_at: float, now: float, configured: bool) -> list[Event]:
         own = pl.own is not None
-        est = pl.own if own else self.pool
-        assert est is not None
+        est = self.estimate(pl)
         probing = own or self.scout == exit_id
         # proving a start rate: paced at it (the safety margin spaces a little wider);
         # probing above: faster than what is known clean
@@ -642,9 +644,9 @@ class OriginLearner(SharedRateLearner):
             self.suspect = None
         else:
             agreed = set()  # a scout's probe under a known ceiling: the pool's
-        if not pool.proven:
+        at_start = not pool.proven  # the ceiling is set at the start rate
+        if at_start:
             self.scout = pick_scout([exit_id])
-        at_start = not pool.proven
         events = self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now)
         if events:
             self.ceiling_by, self.ceiling_lo = agreed, pool.lo
