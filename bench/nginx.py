@@ -16,11 +16,15 @@ token). Each exit is a tinyproxy whose outgoing connections are bound to its own
     python bench/nginx.py --case loosen --repeat 3       # 2 -> 5 r/s per IP 6 s in, 10 exits
     python bench/nginx.py --case site-wide --repeat 3    # 20 r/s for the site, 5 per IP
     python bench/nginx.py --case per-ip --warm --repeat 3  # cold, then warm from its state
+    python bench/nginx.py --case site-wide --warm --strategy exitlimit-redis-learned
 
 A site-wide limit is a second ``limit_req`` zone keyed on ``$server_port`` (one key for
 every client). ``--warm`` crawls twice against the same nginx and exits (the origin and the
 exits keep their addresses, so the state file names them alike): cold with a new
 ``EXITLIMIT_STATE_FILE``, then warm from it, each measured on its own requests.
+``--strategy`` crawls with another of bench/crawl_once.py's strategies; a Redis one
+(``exitlimit-redis-*``) gets its own redis-server for the run, which the warm crawl (a
+new process) finds as the cold one left it.
 
 A limit that moves: from ``change_at`` seconds after nginx logs its first request, a flag
 file sends the page location to a second ``limit_req`` zone at the new rate (an ``if``
@@ -53,6 +57,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from scrapy_exitlimit.lab.redis_server import RedisServer
 
 HERE = Path(__file__).resolve().parent
 FIRST_EXIT_HOST = 10  # exit i leaves from 127.0.0.{10 + i}, as in the lab
@@ -316,9 +322,13 @@ def run_once(case: Case, timeout: float, settings: list[str], log_to: Path | Non
     one nginx and its exits; a result per crawl."""
     tmp = Path(tempfile.mkdtemp(prefix="exitlimit-nginx-"))
     servers = Servers(case, tmp)
+    redis = RedisServer() if "redis" in case.strategy else None
     results = []
     try:
         servers.start()
+        if redis is not None:
+            redis.start()
+            settings = [*settings, f"EXITLIMIT_REDIS_URL={redis.url}"]
         # warm: both crawls keep the state in one file (the cold one starts without it)
         state = [f"EXITLIMIT_STATE_FILE={tmp / 'state.json'}"] if warm else []
         for phase in ("cold", "warm") if warm else ("",):
@@ -328,6 +338,8 @@ def run_once(case: Case, timeout: float, settings: list[str], log_to: Path | Non
             results[-1]["phase"] = phase
     finally:
         servers.stop()
+        if redis is not None:
+            redis.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return results
 
@@ -420,6 +432,8 @@ def main() -> None:
                     "(BENCH_LOG sets its level, WARNING by default)")
     ap.add_argument("--warm", action="store_true", help="crawl twice on the same servers: "
                     "cold, then warm from the cold crawl's EXITLIMIT_STATE_FILE")
+    ap.add_argument("--strategy", help="bench/crawl_once.py's strategy instead of the case's "
+                    "(exitlimit-redis-*: with a redis-server of its own for the run)")
     args = ap.parse_args()
     for tool in ("nginx", "tinyproxy"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
@@ -427,6 +441,8 @@ def main() -> None:
     case = CASES[args.case]
     if args.retry_after_429 is not None:
         case = dataclasses.replace(case, retry_after_429=args.retry_after_429)
+    if args.strategy:
+        case = dataclasses.replace(case, strategy=args.strategy)
     if args.warm and (case.change_at is not None or case.overload_at is not None):
         raise SystemExit("--warm: a case whose limit stays as it is")
     runs = []

@@ -10,6 +10,7 @@ import pytest
 
 from scrapy_exitlimit.core import Lease, Limiter, Limits, Tuning, make_exit
 from scrapy_exitlimit.core.limiter import SPREAD_MARGIN
+from scrapy_exitlimit.core.warm import recall
 from scrapy_exitlimit.sim import Gcra, OriginModel, Unlimited
 from scrapy_exitlimit.sim.origins import Scheduled
 
@@ -264,3 +265,23 @@ def test_an_honest_header_paces_from_the_first_answer_and_a_new_one_is_trusted_a
     assert lim.announced(lease, 3.0, None, None).events == [] or lease.exit_id != pair
     events = lim.announced(lease, 2.0, None, None).events  # the server says something new
     assert [e.kind for e in events] == ["rate_announced"]
+
+
+def test_a_site_rate_recalled_above_what_its_budget_paces_is_still_raised():
+    """The site budget adds the safety margin (5 ms) to every interval: at 20 r/s its pace
+    is ~9 % under its rate. A site rate recalled at 18 r/s with a ceiling at 22 was probed
+    one small step up (19.1 r/s), which the budget sends at 17.4: clean, but under what
+    was known clean, so nothing moved, and the crawl stayed at 17.4 r/s on a 20 r/s site
+    (nginx, warm runs: 0.88-0.93). Now such a round steps the probe further up."""
+    clock = FakeClock(0.0)
+    lim = limiter(10, clock)
+    state = {"at": 0.0, "pool": {"clean": 50.0, "ceiling": None, "seen": None,
+                                 "settled": False, "drift": 0.0075},
+             "site": {"clean": 18.0, "ceiling": 22.0, "seen": 22.0, "settled": False,
+                      "drift": 0.0075}}
+    recall(lim, {SITE: state}, wall_now=0.0, max_age=math.inf)
+    site = lim.origin_state(SITE).learner.site
+    assert site is not None and site.lo == 18.0
+    counts = drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(20.0)), 4.0)
+    assert site.lo >= 18.1  # stayed at 18.0 for good
+    assert counts.get(429, 0) == 0

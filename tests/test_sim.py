@@ -19,9 +19,12 @@ from scrapy_exitlimit.sim import SCENARIOS, Crawl, OriginModel, Unlimited, simul
 FLOORS = {
     ("per-ip", "learned"): (0.89, 0.016),
     ("per-ip", "known"): (0.94, 0.001),
-    ("site-wide", "learned"): (0.88, 0.034),
+    # ((0.88, 0.034) and (0.88, 0.031) until a site rate whose budget's margin keeps its
+    # pace under what is known clean probed further up: now 0.912 at 3.7 % and 0.943 at
+    # 3.2 %; on nginx the cold runs' 429 share stayed 1.6-2.1 %, warm runs 0.888 -> 0.939)
+    ("site-wide", "learned"): (0.87, 0.047),
     ("site-wide", "known"): (0.86, 0.039),
-    ("site-only", "learned"): (0.88, 0.031),
+    ("site-only", "learned"): (0.90, 0.042),
     ("mixed", "learned"): (0.74, 0.042),
     ("mixed", "known"): (0.79, 0.026),
     # (0.83, 3.7 % until the pool halved on a 429 wave over three exits or more; 0.86,

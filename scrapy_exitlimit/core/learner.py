@@ -192,9 +192,11 @@ class SharedRateLearner:
                 times.popleft()
 
     def _confirm_site(self, origin: str, site_gap: float, admitted_at: float,
-                      now: float) -> list[Event]:
+                      now: float, margin: float = 0.0) -> list[Event]:
         """Clean answers while the budget paced the origin at the site's probe rate:
-        SITE_CONFIRMATIONS of them, sent at 90 % of that pace or more, confirm it."""
+        SITE_CONFIRMATIONS of them, sent at 90 % of that pace or more, confirm it.
+        ``margin``: what the budget adds to every 1/rate interval (its pace at a rate is
+        that much under it)."""
         site = self.site
         if site is None or site.converged or admitted_at < site.changed_at:
             return []
@@ -205,12 +207,18 @@ class SharedRateLearner:
         pace = self.site_confirmations / self.site_gaps
         self.site_confirmations, self.site_gaps = 0, 0.0
         target = site.target()
-        if pace < 0.9 * target:
+        paced = 1.0 / (1.0 / target + margin)  # what the budget sends at the target
+        if pace < 0.9 * paced:
             return []  # demand, not the budget, set the pace: nothing learned
         before = site.lo
         # what really ran clean (the budget's own pace when within 5 % of it: a client
         # that runs a little behind would otherwise creep up in ever smaller steps)
         site.confirmed(target if pace >= 0.95 * target else pace, now)
+        if site.lo == before and site.hi is not None and pace >= 0.95 * paced:
+            # the budget ran clean at the target, but its margin keeps the pace under
+            # what is known clean: probe further up, or a site rate recalled (or first
+            # found) above its own pace is never raised, and paces ~10 % under the limit
+            site.climbs += 1
         if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
             self.site = None  # no site limit left to respect
             return [Event(f"{self.kind}_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
@@ -452,7 +460,7 @@ class OriginLearner(SharedRateLearner):
     # -- feedback ----------------------------------------------------------------
     def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                   gap: float, margin: float, admitted_at: float, site_gap: float, now: float,
-                  configured: bool) -> list[Event]:
+                  configured: bool, site_margin: float = 0.0) -> list[Event]:
         """A clean answer to a request admitted at pair pace ``rate``, ``gap`` after the
         pair's previous one (``margin``: what pacing adds to every 1/rate interval: the
         safety margin and the arrival spread), ``site_gap`` after the origin's previous
@@ -475,7 +483,7 @@ class OriginLearner(SharedRateLearner):
         events = self._confirm_pair(origin, exit_id, pl, achieved, admitted_at, now,
                                     configured)
         if self.site is not None:
-            events += self._confirm_site(origin, site_gap, admitted_at, now)
+            events += self._confirm_site(origin, site_gap, admitted_at, now, site_margin)
         return events
 
     def _confirm_pair(self, origin: str, exit_id: str, pl: PairLearning, achieved: float,
