@@ -53,6 +53,12 @@ class OriginBudget:
             bucket.set_rate(rate)
         return bucket
 
+    @property
+    def pacing_margin(self) -> float:
+        """What the budget adds to every 1/rate interval while it paces (a configured
+        rate's bucket has none), 0 while it does not."""
+        return 0.0 if self.bucket is None else self.bucket.margin
+
     def answered(self, now: float, latency: float) -> None:
         """An answer ``latency`` after admission: while a budget paces the origin, its next
         request goes an interval after this one surely arrived (``bucket.ArrivalFloor``)."""

@@ -91,7 +91,7 @@ class FeedbackLaws:
         learned = origin_state.learner.succeeded(
             lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             margin=pair.bucket.margin, admitted_at=lease.admitted_at, site_gap=lease.site_gap,
-            now=now, site_margin=self._budget_margin(origin_state),
+            now=now, site_margin=origin_state.budget.pacing_margin,
             configured=self.state.configured_rate(lease.origin, lease.exit_id) is not None)
         self._learned(out, lease.origin, learned)
         for scope, gap in zip(lease.scopes, lease.scope_gaps, strict=True):
@@ -103,12 +103,6 @@ class FeedbackLaws:
             origin_state.budget.recover(origin_state.learner.site_rate(),
                                   self.tuning.max_rate * len(self.pool))
         return out
-
-    @staticmethod
-    def _budget_margin(origin_state: OriginState) -> float:
-        """What the origin budget adds to every 1/rate interval, while it paces."""
-        bucket = origin_state.budget.bucket
-        return 0.0 if bucket is None else bucket.margin
 
     def rate_limited(self, origin: str, exit_id: str, retry_after: float,
                      lease: Lease | None = None, now: float | None = None) -> Feedback:

@@ -218,7 +218,7 @@ class SharedRateLearner:
             # the budget ran clean at the target, but its margin keeps the pace under
             # what is known clean: probe further up, or a site rate recalled (or first
             # found) above its own pace is never raised, and paces ~10 % under the limit
-            site.climbs += 1
+            site.ran_clean_under()
         if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
             self.site = None  # no site limit left to respect
             return [Event(f"{self.kind}_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]

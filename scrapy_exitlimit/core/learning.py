@@ -21,6 +21,8 @@ BACKOFF_BY_STREAK = (0.94, 0.7, 0.5)
 REPROBE_AFTER = 8.0
 #: a gap between clean and rejected narrower than this factor is climbed, not bisected
 CLIMB_BELOW = 1.5
+#: steps up in a row beyond which a climb's step stops doubling
+MAX_CLIMBS = 20
 #: a start rate never proven clean that draws a 429 is tried again this much lower
 DISCOVERY_BACKOFF = 0.5
 #: a known ceiling is forgotten this fast while clean (per second), so a raised limit
@@ -97,7 +99,7 @@ class RateEstimate:
         middle = math.sqrt(self.lo * self.hi)
         if self.hi > self.lo * CLIMB_BELOW:
             return min(middle, self.ceiling)
-        step = self.lo * (1 + 2 * RESOLUTION * 2 ** min(self.climbs, 20))
+        step = self.lo * (1 + 2 * RESOLUTION * 2 ** min(self.climbs, MAX_CLIMBS))
         return min(step, middle, self.ceiling)
 
     def confirmed(self, rate: float, now: float) -> None:
@@ -115,6 +117,12 @@ class RateEstimate:
                 self.forget_ceiling(now)
             self.changed_at = now
             self.settled = self.converged
+
+    def ran_clean_under(self) -> None:
+        """A probe ran clean but what went through stayed under ``lo`` (the pacing's own
+        margin held it back): nothing new is known clean, yet the next probe steps
+        further up, as after a confirmed step."""
+        self.climbs = min(self.climbs + 1, MAX_CLIMBS)
 
     def rejected(self, rate: float, now: float, streak: int = 1) -> None:
         """A 429 at ``rate`` (what was actually admitted just before it), the
