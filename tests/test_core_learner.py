@@ -285,3 +285,31 @@ def test_a_site_rate_recalled_above_what_its_budget_paces_is_still_raised():
     counts = drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(20.0)), 4.0)
     assert site.lo >= 18.1  # stayed at 18.0 for good
     assert counts.get(429, 0) == 0
+
+
+def test_a_site_probe_that_moves_nothing_is_not_logged_as_a_rate_up():
+    """A site rate known clean above its budget's pace is probed above it round after
+    round, each clean and each leaving it where it was: each was a site_rate_up
+    "19.8 -> 19.8 r/s", ~5 a second in the log and in the stats (lab, warm site-wide)."""
+    clock = FakeClock(0.0)
+    lim = limiter(10, clock)
+    state = {"at": 0.0, "pool": {"clean": 50.0, "ceiling": None, "seen": None,
+                                 "settled": False, "drift": 0.0075},
+             "site": {"clean": 19.8, "ceiling": 23.6, "seen": 23.6, "settled": False,
+                      "drift": 0.0075}}
+    recall(lim, {SITE: state}, wall_now=0.0, max_age=math.inf)
+    events = []
+    success = lim.success
+
+    def collect(lease, latency):
+        feedback = success(lease, latency)
+        events.extend(e for e in feedback.events if e.kind.value == "site_rate_up")
+        return feedback
+
+    lim.success = collect
+    drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(20.0)), 6.0)
+    site = lim.origin_state(SITE).learner.site
+    assert site is not None
+    ups = [e.detail for e in events]
+    assert all(a != b for a, b in (d.removesuffix(" r/s").split(" -> ") for d in ups)), ups
+    assert len(ups) <= 4, ups  # a round every ~0.2 s, each one logged: 25 or so

@@ -210,7 +210,7 @@ class SharedRateLearner:
         paced = 1.0 / (1.0 / target + margin)  # what the budget sends at the target
         if pace < 0.9 * paced:
             return []  # demand, not the budget, set the pace: nothing learned
-        before = site.lo
+        before, was_proven = site.lo, site.proven
         # what really ran clean (the budget's own pace when within 5 % of it: a client
         # that runs a little behind would otherwise creep up in ever smaller steps)
         site.confirmed(target if pace >= 0.95 * target else pace, now)
@@ -222,7 +222,9 @@ class SharedRateLearner:
         if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
             self.site = None  # no site limit left to respect
             return [Event(f"{self.kind}_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
-        return [Event(f"{self.kind}_rate_up", origin, None, f"{before:.3g} -> {site.lo:.3g} r/s")]
+        if site.lo == before and was_proven:
+            return []  # nothing moved: no rate_up to log or count (it came ~5 times a second)
+        return [Event(f"{self.kind}_rate_up", origin, None, f"{moved(before, site.lo)} r/s")]
 
     def _site_evidence(self, origin: str, exit_id: str, admitted_at: float, now: float,
                        sure: bool) -> list[Event]:
@@ -531,7 +533,7 @@ class OriginLearner(SharedRateLearner):
                 pool.lo = min(max(pool.lo, est.lo), est.hi)
                 pool.settled = pool.converged
         return [Event("rate_up", origin, exit_id if own else None,
-                      f"{before:.3g} -> {est.lo:.3g} r/s")]
+                      f"{moved(before, est.lo)} r/s")]
 
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                      gap: float, admitted_at: float, now: float,
@@ -789,6 +791,14 @@ class OriginLearner(SharedRateLearner):
             pl.own = RateEstimate(float(data["clean"]), floor=self.min_rate,
                                   ceiling=self.pool.ceiling)
         pl.own.recall(data, now)
+
+
+def moved(before: float, after: float) -> str:
+    """``before -> after`` with the digits that tell them apart (3 unless they need more)."""
+    digits = 3
+    while digits < 6 and f"{before:.{digits}g}" == f"{after:.{digits}g}" and before != after:
+        digits += 1
+    return f"{before:.{digits}g} -> {after:.{digits}g}"
 
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "proven", "seen",
