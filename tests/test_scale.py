@@ -92,6 +92,22 @@ def test_idle_pairs_and_origins_are_forgotten_but_not_what_still_matters():
     assert busy.id in lim.leases
 
 
+def test_a_pair_made_with_a_hold_before_its_first_admission_is_not_forgotten():
+    """A warm start staggers the exits' first requests: holds on pair state made before
+    any admission (``last_admit`` is -inf, idle "forever"). A forget pass in that window
+    dropped the pairs and their holds, and the exits started in step after all."""
+    clock = FakeClock(100.0)
+    lim = big_limiter(3, clock)
+    held, plain = list(lim.exits)[:2]
+    lim.pair_state("http://o", held).bucket.hold_until(clock.now + 0.1)
+    lim.pair_state("http://o", plain)
+    lim.forget_idle()
+    pairs = lim.origins["http://o"].pairs
+    assert held in pairs and plain not in pairs
+    clock.advance(0.2)  # the hold is over: nothing left to say
+    assert lim.forget_idle() == 1 and held not in pairs
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_crawl_through_a_large_pool_of_gateway_sessions():
     lab = Lab(exits=2, origin=OriginConfig(rate=None))

@@ -1,8 +1,8 @@
 """Forgetting idle state, so long crawls over many origins stay in bounded memory.
 
 A pair idle for ``PAIR_IDLE`` with nothing left to say (no lease, cooldown,
-ban or limit of its own beyond a configured one, and not the scout) is
-dropped; so is an origin idle for ``ORIGIN_IDLE`` with no lease, what it
+ban, token held ahead, or limit of its own beyond a configured one, and not the
+scout) is dropped; so is an origin idle for ``ORIGIN_IDLE`` with no lease, what it
 learned included. Dropped state is made afresh when needed, as new.
 """
 
@@ -34,6 +34,9 @@ def forget_idle(origins: dict[str, OriginState], busy: set[str], now: float,
             own = pair.own_limit
             if (pair.in_flight == 0 and now - pair.last_admit > PAIR_IDLE
                     and pair.cooldown_until < now and pair.banned_until < now
+                    # a schedule still ahead (a warm start's stagger, made before the
+                    # pair's first admission) is something to say
+                    and pair.bucket.ready_at(now) <= now
                     and pair_key != origin.scout
                     and (own is None or pristine(own, configured_rate(key, pair_key)))):
                 del origin.pairs[pair_key]
