@@ -313,3 +313,22 @@ def test_a_site_probe_that_moves_nothing_is_not_logged_as_a_rate_up():
     ups = [e.detail for e in events]
     assert all(a != b for a, b in (d.removesuffix(" r/s").split(" -> ") for d in ups)), ups
     assert len(ups) <= 4, ups  # a round every ~0.2 s, each one logged: 25 or so
+
+
+def test_the_start_rate_proven_says_so_and_every_other_rate_up_moves():
+    """The scout proving the start rate was logged as "rate_up 2 -> 2 r/s"."""
+    clock = FakeClock(0.0)
+    lim = limiter(4, clock)
+    ups = []
+    success = lim.success
+
+    def collect(lease, latency):
+        feedback = success(lease, latency)
+        ups.extend(e.detail for e in feedback.events if e.kind.value == "rate_up")
+        return feedback
+
+    lim.success = collect
+    drive(lim, clock, OriginModel(per_ip=lambda: Gcra(5.0)), 6.0)
+    assert ups[0] == "2 r/s proven", ups
+    moves = [d.removesuffix(" r/s").split(" -> ") for d in ups[1:]]
+    assert moves and all(len(m) == 2 and m[0] != m[1] for m in moves), ups

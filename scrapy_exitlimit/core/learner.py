@@ -513,7 +513,7 @@ class OriginLearner(SharedRateLearner):
         if pl.confirmations < needed:
             return []
         confirmed, pl.confirmations, pl.confirmed_rate = pl.confirmed_rate, 0, math.inf
-        before = est.lo
+        before, was_proven = est.lo, est.proven
         est.confirmed(confirmed, now)
         if not own:
             if est.hi is not None:  # bisecting: another exit takes the next probe
@@ -532,8 +532,11 @@ class OriginLearner(SharedRateLearner):
                 pool.hi, pool.seen = est.hi, est.seen
                 pool.lo = min(max(pool.lo, est.lo), est.hi)
                 pool.settled = pool.converged
-        return [Event("rate_up", origin, exit_id if own else None,
-                      f"{moved(before, est.lo)} r/s")]
+        if est.lo == before and was_proven:
+            return []
+        detail = f"{moved(before, est.lo)} r/s" if est.lo != before else \
+            f"{est.lo:.3g} r/s proven"  # the start rate, a guess until now
+        return [Event("rate_up", origin, exit_id if own else None, detail)]
 
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                      gap: float, admitted_at: float, now: float,
