@@ -54,6 +54,29 @@ def drive(lim: Limiter, clock: FakeClock, model: OriginModel, seconds: float,
     return counts
 
 
+def recall_site(lim: Limiter, clean: float, ceiling: float) -> None:
+    """Start ``lim`` from a state file's learned site rate (and a fast pool)."""
+    state = {"at": 0.0, "pool": {"clean": 50.0, "ceiling": None, "seen": None,
+                                 "settled": False, "drift": 0.0075},
+             "site": {"clean": clean, "ceiling": ceiling, "seen": ceiling, "settled": False,
+                      "drift": 0.0075}}
+    recall(lim, {SITE: state}, wall_now=0.0, max_age=math.inf)
+
+
+def rate_events(lim: Limiter, kind: str) -> list[str]:
+    """The details of the ``kind`` events ``lim.success`` returns from now on."""
+    details: list[str] = []
+    success = lim.success
+
+    def collect(lease, latency=None):
+        feedback = success(lease, latency)
+        details.extend(e.detail for e in feedback.events if e.kind.value == kind)
+        return feedback
+
+    lim.success = collect
+    return details
+
+
 def test_429s_at_paces_the_pairs_took_before_point_at_the_site_not_the_pairs():
     clock = FakeClock(0.0)
     lim = limiter(4, clock)
@@ -275,11 +298,7 @@ def test_a_site_rate_recalled_above_what_its_budget_paces_is_still_raised():
     (nginx, warm runs: 0.88-0.93). Now such a round steps the probe further up."""
     clock = FakeClock(0.0)
     lim = limiter(10, clock)
-    state = {"at": 0.0, "pool": {"clean": 50.0, "ceiling": None, "seen": None,
-                                 "settled": False, "drift": 0.0075},
-             "site": {"clean": 18.0, "ceiling": 22.0, "seen": 22.0, "settled": False,
-                      "drift": 0.0075}}
-    recall(lim, {SITE: state}, wall_now=0.0, max_age=math.inf)
+    recall_site(lim, 18.0, 22.0)
     site = lim.origin_state(SITE).learner.site
     assert site is not None and site.lo == 18.0
     counts = drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(20.0)), 4.0)
@@ -293,24 +312,10 @@ def test_a_site_probe_that_moves_nothing_is_not_logged_as_a_rate_up():
     "19.8 -> 19.8 r/s", ~5 a second in the log and in the stats (lab, warm site-wide)."""
     clock = FakeClock(0.0)
     lim = limiter(10, clock)
-    state = {"at": 0.0, "pool": {"clean": 50.0, "ceiling": None, "seen": None,
-                                 "settled": False, "drift": 0.0075},
-             "site": {"clean": 19.8, "ceiling": 23.6, "seen": 23.6, "settled": False,
-                      "drift": 0.0075}}
-    recall(lim, {SITE: state}, wall_now=0.0, max_age=math.inf)
-    events = []
-    success = lim.success
-
-    def collect(lease, latency):
-        feedback = success(lease, latency)
-        events.extend(e for e in feedback.events if e.kind.value == "site_rate_up")
-        return feedback
-
-    lim.success = collect
+    recall_site(lim, 19.8, 23.6)
+    ups = rate_events(lim, "site_rate_up")
     drive(lim, clock, OriginModel(per_ip=Unlimited, site=Gcra(20.0)), 6.0)
-    site = lim.origin_state(SITE).learner.site
-    assert site is not None
-    ups = [e.detail for e in events]
+    assert lim.origin_state(SITE).learner.site is not None
     assert all(a != b for a, b in (d.removesuffix(" r/s").split(" -> ") for d in ups)), ups
     assert len(ups) <= 4, ups  # a round every ~0.2 s, each one logged: 25 or so
 
@@ -319,15 +324,7 @@ def test_the_start_rate_proven_says_so_and_every_other_rate_up_moves():
     """The scout proving the start rate was logged as "rate_up 2 -> 2 r/s"."""
     clock = FakeClock(0.0)
     lim = limiter(4, clock)
-    ups = []
-    success = lim.success
-
-    def collect(lease, latency):
-        feedback = success(lease, latency)
-        ups.extend(e.detail for e in feedback.events if e.kind.value == "rate_up")
-        return feedback
-
-    lim.success = collect
+    ups = rate_events(lim, "rate_up")
     drive(lim, clock, OriginModel(per_ip=lambda: Gcra(5.0)), 6.0)
     assert ups[0] == "2 r/s proven", ups
     moves = [d.removesuffix(" r/s").split(" -> ") for d in ups[1:]]
