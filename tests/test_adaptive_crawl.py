@@ -23,8 +23,12 @@ async def test_learns_an_unknown_limit_without_losing_pages():
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 90 and not crawler.spider.failed
     assert stats.get("exitlimit/reissued", 0) == lab.origin.total(429)
-    # the pool paid for the discovery a few times, not on every exit all along
-    assert lab.origin.total(429) <= 6
+    # the pool paid for the discovery a few times (2-3), not on every exit all along. On a
+    # starved CPU one clean answer can confirm a rate just over the limit (that request
+    # left later after its admission than the one before it), and every exit then draws
+    # a 429 at each cooldown's end until the pool halves: 7-9 in 7 of ~95 runs beside two
+    # busy loops (Scrapy 2.13), once in CI. Learning nothing draws dozens.
+    assert lab.origin.total(429) <= 9
     assert stats["exitlimit/rate_up"] >= 1
     learned = middleware(crawler).backend.limiter.origin_state(crawler.origin).estimate
     # what reaches the server: 1/lo apart plus the safety margin (EXITLIMIT_SAFETY_MARGIN)
