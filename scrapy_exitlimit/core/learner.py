@@ -222,9 +222,8 @@ class SharedRateLearner:
         if site.hi is None and self.site_ceiling is None and site.lo >= self.max_rate:
             self.site = None  # no site limit left to respect
             return [Event(f"{self.kind}_rate_up", origin, None, f"{before:.3g} r/s -> no limit")]
-        if site.lo == before and was_proven:
-            return []  # nothing moved: no rate_up to log or count (it came ~5 times a second)
-        return [Event(f"{self.kind}_rate_up", origin, None, f"{moved(before, site.lo)} r/s")]
+        detail = raised(before, site.lo, was_proven)
+        return [] if detail is None else [Event(f"{self.kind}_rate_up", origin, None, detail)]
 
     def _site_evidence(self, origin: str, exit_id: str, admitted_at: float, now: float,
                        sure: bool) -> list[Event]:
@@ -532,11 +531,9 @@ class OriginLearner(SharedRateLearner):
                 pool.hi, pool.seen = est.hi, est.seen
                 pool.lo = min(max(pool.lo, est.lo), est.hi)
                 pool.settled = pool.converged
-        if est.lo == before and was_proven:
-            return []
-        detail = f"{moved(before, est.lo)} r/s" if est.lo != before else \
-            f"{est.lo:.3g} r/s proven"  # the start rate, a guess until now
-        return [Event("rate_up", origin, exit_id if own else None, detail)]
+        detail = raised(before, est.lo, was_proven)
+        return [] if detail is None else [Event("rate_up", origin, exit_id if own else None,
+                                                 detail)]
 
     def rate_limited(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                      gap: float, admitted_at: float, now: float,
@@ -796,12 +793,17 @@ class OriginLearner(SharedRateLearner):
         pl.own.recall(data, now)
 
 
-def moved(before: float, after: float) -> str:
-    """``before -> after`` with the digits that tell them apart (3 unless they need more)."""
+def raised(before: float, after: float, was_proven: bool) -> str | None:
+    """What a confirmation did to a rate, for its rate_up event: ``before -> after r/s``
+    with the digits that tell them apart, ``after r/s proven`` for a start rate (a guess
+    until now) that did not move, None when nothing moved (no event to log or count: a
+    site probe that ran clean under its rate came ~5 times a second)."""
+    if after == before:
+        return None if was_proven else f"{after:.3g} r/s proven"
     digits = 3
-    while digits < 6 and f"{before:.{digits}g}" == f"{after:.{digits}g}" and before != after:
+    while digits < 6 and f"{before:.{digits}g}" == f"{after:.{digits}g}":
         digits += 1
-    return f"{before:.{digits}g} -> {after:.{digits}g}"
+    return f"{before:.{digits}g} -> {after:.{digits}g} r/s"
 
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "proven", "seen",
