@@ -29,6 +29,7 @@ from .admission import AdmissionQueue, ExitsUnavailable, HandedBack, Repin, Wait
 from .backends import load_backend
 from .config import ExitLimitConfig
 from .core import Event, EventKind, Lease, bounded_cooldown, parse_retry_after
+from .core.health import CpuLoad
 from .core.ratelimit_headers import QuotaWindows, parse_ratelimit
 from .core.scopes import Scope
 from .failclosed import EXPECTED_PROXY_KEY
@@ -143,6 +144,7 @@ class ExitLimitMiddleware:
             acquire=self._acquire, waitable=self.queue.waitable, stats=self.stats)
         #: windows of stated quotas that do not say how long their window is
         self.quota_windows = QuotaWindows()
+        self.cpu_load = CpuLoad()
         telemetry = Telemetry.open(config.telemetry)
         metrics = PrometheusMetrics.serve(config.prometheus_port, config.prometheus_addr,
                                           per_scope=config.stats_per_scope)
@@ -429,6 +431,7 @@ class ExitLimitMiddleware:
             events += self.backend.rate_limited(lease, cooldown)
         elif signal is Signal.OK:
             latency = self.backend.clock() - lease.admitted_at
+            self.backend.cpu_bound(self.cpu_load.sample(time.monotonic(), time.process_time()))
             events += self.backend.success(lease, latency)
             quota = parse_ratelimit(response.headers, now=time.time())
             if quota is not None:

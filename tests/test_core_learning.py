@@ -15,6 +15,7 @@ from scrapy_exitlimit.core import (
     Tuning,
     make_exit,
 )
+from scrapy_exitlimit.core.health import BUSY_FLOOR, CpuLoad
 from scrapy_exitlimit.core.learning import CEILING_DRIFT, CEILING_DRIFT_MIN, REPROBE_AFTER
 
 from .conftest import FakeClock
@@ -403,6 +404,58 @@ def test_concurrency_grows_only_when_used_and_halves_on_faults():
     for _ in range(100):
         c.success(0.01, was_full=True)
     assert c.limit == 8  # ceiling
+
+
+def test_a_cpu_bound_process_gives_in_flight_back_to_the_start_and_grows_once_it_has_room():
+    c = ConcurrencyLimit(ceiling=8, limit=5)
+    assert c.success(0.01, was_full=True, busy=True) is None  # one round of answers first
+    results = [c.success(0.01, was_full=True, busy=True) for _ in range(4)]
+    assert results[-1] == "decrease" and c.limit == 4
+    for _ in range(50):
+        c.success(0.01, was_full=True, busy=True)
+    assert c.limit == BUSY_FLOOR  # never below the limit an exit starts at
+    for _ in range(50):
+        c.success(0.01, was_full=False, busy=True)
+    assert c.limit == BUSY_FLOOR  # an exit not used to the full has nothing to give back
+    assert [c.success(0.01, was_full=True) for _ in range(2)][-1] == "increase"
+    assert c.limit == BUSY_FLOOR + 1
+
+
+def test_cpu_load_is_the_cpu_share_of_the_last_window():
+    load = CpuLoad(window=0.5, share=0.9)
+    assert not load.sample(wall=10.0, cpu=1.0)  # the first window begins
+    assert not load.sample(wall=10.4, cpu=1.4)  # not a whole window yet: as it was
+    assert load.sample(wall=10.5, cpu=1.46)  # 0.46 s of CPU in 0.5 s: bound
+    assert load.sample(wall=10.9, cpu=1.5)  # mid-window: still the last verdict
+    assert not load.sample(wall=11.0, cpu=1.6)  # 0.14 s in 0.5 s: room again
+    assert not load.sample(wall=12.0, cpu=2.44)  # 0.84 s in 1 s: under 0.9
+
+
+def test_exit_limits_hold_while_the_process_is_cpu_bound():
+    """What the glue says of the CPU reaches every exit's limit through the limiter."""
+    clock = FakeClock(0.0)
+    lim = Limiter([make_exit("http://127.0.0.1:9000")], Limits(rate=1000.0, concurrency=8),
+                  clock=clock, rng=random.Random(3))
+    exit_id = next(iter(lim.exits))
+    start = lim.exit_load(exit_id).limit
+    answer(lim, clock, lim.try_admit(SITE))  # a pair's first request goes alone
+
+    def full_round(busy):
+        lim.cpu_bound(busy)
+        leases = []
+        for _ in range(lim.exit_load(exit_id).limit):
+            clock.advance(0.01)
+            leases.append(lim.try_admit(SITE))
+        assert all(isinstance(lease, Lease) for lease in leases)
+        for lease in leases:
+            answer(lim, clock, lease)
+
+    for _ in range(6):
+        full_round(busy=True)
+    assert lim.exit_load(exit_id).limit == start
+    for _ in range(6):
+        full_round(busy=False)
+    assert lim.exit_load(exit_id).limit > start
 
 
 def test_latency_knee_decreases_concurrency():

@@ -84,7 +84,7 @@ class TwoKindsSpider(PagesSpider):
 
 @pytest_twisted.ensureDeferred
 async def test_dont_exitlimit_requests_go_direct():
-    lab = Lab(exits=2, origin=OriginConfig(rate=None))
+    lab = Lab(exits=2, origin=OriginConfig(rate=None, latency=0.05))
     crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 100}, 4, TwoKindsSpider)
     assert len(crawler.spider.ok) == 5
     assert crawler.stats.get_value("exitlimit/admitted") == 4
@@ -158,3 +158,28 @@ async def test_cache_hits_spend_no_tokens_and_never_wait(tmp_path):
     assert "exitlimit/parked" not in stats  # nothing waited for a token or a lease
     # and no token was waited for: at 0.1 r/s the second one comes 10 s after the first
     assert stats["elapsed_time_seconds"] < 10.0
+
+
+class _Busy:
+    """A CPU load that always (or never) reads as CPU-bound."""
+
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy
+
+    def sample(self, wall: float, cpu: float) -> bool:
+        return self.busy
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cpu_bound_crawl_grows_no_exit_limit(monkeypatch):
+    """The middleware tells the limiter what the process's CPU says: busy, exits full of
+    work keep the in-flight limit they start with; with CPU to spare they grow."""
+    grew = {}
+    for busy in (False, True):
+        monkeypatch.setattr("scrapy_exitlimit.middleware.CpuLoad", lambda b=busy: _Busy(b))
+        lab = Lab(exits=2, origin=OriginConfig(rate=None, latency=0.05))
+        crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 1000}, 80)
+        assert len(crawler.spider.ok) == 80
+        stats = crawler.stats.get_stats()
+        grew[busy] = stats.get("exitlimit/concurrency_increase", 0)
+    assert grew[False] > 0 and grew[True] == 0

@@ -117,6 +117,10 @@ class Backend:
     def success(self, lease: Lease, latency: float | None = None) -> list[Event]:
         return self._replicate(lease.origin, self.limiter.success(lease, latency))
 
+    def cpu_bound(self, busy: bool) -> None:
+        """Whether this process is CPU-bound now: no exit's in-flight limit grows then."""
+        self.limiter.cpu_bound(busy)
+
     def rate_limited(self, lease: Lease, retry_after: float) -> list[Event]:
         return self._replicate(lease.origin, self.limiter.rate_limited(
             lease.origin, lease.exit_id, retry_after, lease))

@@ -82,7 +82,7 @@ class FeedbackLaws:
         exit_state.health.success()
         if latency is not None:
             concurrency = exit_state.concurrency
-            moved = concurrency.success(latency, lease.was_full)
+            moved = concurrency.success(latency, lease.was_full, self.pool.busy)
             if moved:
                 out.events.append(Event(
                     EventKind(f"concurrency_{moved}"), lease.origin, lease.exit_id,

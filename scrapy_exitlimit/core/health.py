@@ -10,15 +10,23 @@ LATENCY_KNEE = 3.0
 LATENCY_KNEE_FLOOR = 0.25
 #: how fast the baseline forgets a fast sample
 BASELINE_FORGET = 0.01
+#: a process busy on the CPU this share of the wall time is CPU-bound: more requests in
+#: flight would only wait in its own event loop (and cost it memory and GC)
+BUSY_SHARE = 0.9
+#: seconds over which that share is measured
+BUSY_WINDOW = 0.25
+#: while CPU-bound, a full exit's limit shrinks back to this (the limit it starts at)
+BUSY_FLOOR = 2
 
 
 @dataclass
 class ConcurrencyLimit:
     """AIMD in-flight limit for one exit, clamped to [1, ceiling].
 
-    +1 after ``limit`` successes that each found the limit in use; x0.5 on a
-    timeout or proxy fault; x0.75 on a latency knee (latency far above the
-    exit's own baseline); at most one decrease per ``limit`` answers.
+    +1 after ``limit`` successes that each found the limit in use, but -1 instead
+    (down to BUSY_FLOOR) while this process is CPU-bound (``busy``); x0.5 on a
+    timeout or proxy fault; x0.75 on a latency knee (latency far above the exit's
+    own baseline); at most one decrease per ``limit`` answers.
     """
 
     ceiling: int
@@ -30,14 +38,25 @@ class ConcurrencyLimit:
     def __post_init__(self) -> None:
         self.limit = max(1, min(self.limit, self.ceiling))
 
-    def success(self, latency: float, was_full: bool) -> str | None:
-        """A clean answer; returns "increase"/"decrease" when the limit moved."""
+    def success(self, latency: float, was_full: bool, busy: bool = False) -> str | None:
+        """A clean answer; returns "increase"/"decrease" when the limit moved. ``busy``:
+        the process is CPU-bound, so a full exit is not what holds it back."""
         self._since_decrease += 1
         knee = self.baseline * LATENCY_KNEE
         if math.isfinite(self.baseline) and latency > max(knee, self.baseline + LATENCY_KNEE_FLOOR):
             self._observe(latency)
             return "decrease" if self._decrease(0.75) else None
         self._observe(latency)
+        if busy:
+            # CPU-bound: what is in flight beyond the start waits in this process's own
+            # loop; give it back one at a time (it grows again once the CPU has room)
+            if was_full and self.limit > BUSY_FLOOR:
+                self._successes += 1
+                if self._successes >= self.limit:
+                    self._successes = 0
+                    self.limit -= 1
+                    return "decrease"
+            return None
         if was_full and self.limit < self.ceiling:
             self._successes += 1
             if self._successes >= self.limit:
@@ -64,6 +83,28 @@ class ConcurrencyLimit:
         changed = new != self.limit
         self.limit = new
         return changed
+
+
+class CpuLoad:
+    """Whether this process is CPU-bound: its CPU time over the last ``window`` seconds
+    of wall time. Plain arithmetic on the two clocks the caller reads."""
+
+    def __init__(self, window: float = BUSY_WINDOW, share: float = BUSY_SHARE) -> None:
+        self.window = window
+        self.share = share
+        self.busy = False
+        self._since: tuple[float, float] | None = None  # (wall, cpu) the window began at
+
+    def sample(self, wall: float, cpu: float) -> bool:
+        """``busy`` as of the last window that ended by ``wall`` (``cpu``: the process's
+        CPU seconds then)."""
+        if self._since is None:
+            self._since = (wall, cpu)
+        elif wall - self._since[0] >= self.window:
+            began_wall, began_cpu = self._since
+            self.busy = (cpu - began_cpu) >= self.share * (wall - began_wall)
+            self._since = (wall, cpu)
+        return self.busy
 
 
 #: consecutive proxy faults that evict an exit, and seconds before its first probe

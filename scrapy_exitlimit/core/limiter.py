@@ -372,6 +372,11 @@ class Limiter:
         return lease
 
     # -- feedback: each answer to the laws of the keys it concerns (``feedback.py``) --
+    def cpu_bound(self, busy: bool) -> None:
+        """The process is CPU-bound (``busy``): exits' in-flight limits hold meanwhile, as
+        more requests in flight would only wait in its event loop."""
+        self.pool.busy = busy
+
     def success(self, lease: Lease, latency: float | None = None) -> Feedback:
         """A clean answer (2xx/3xx, or an ordinary 4xx such as 404)."""
         return self.feedback.success(lease, latency)

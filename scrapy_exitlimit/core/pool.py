@@ -49,6 +49,8 @@ class ExitPool:
         self.order = list(self.states)
         #: the exits this process may admit on (None: all); see ``restrict``
         self.allowed: frozenset[str] | None = None
+        #: this process is CPU-bound (the glue says so): no exit's limit grows meanwhile
+        self.busy = False
 
     def restrict(self, exit_ids: Iterable[str] | None) -> None:
         """Admit only on these exits from now on (None: on every exit again)."""
