@@ -71,7 +71,9 @@ async def test_a_learned_account_rate_lowers_the_scope_not_the_pairs(caplog):
     assert stats.get("exitlimit/scope_limited", 0) + stats.get("exitlimit/scope_rate_down",
                                                                  0) >= 1
     assert "exitlimit/site_limited" not in stats
-    assert lab.origin.total(429) / lab.origin.total() <= 0.10  # a short crawl: discovery
+    # a short crawl: discovery. 7-14 429s of ~172 requests in 27 runs alone or beside two
+    # busy loops (the commit before alike); once 19 of 179 in CI, late in the full suite
+    assert lab.origin.total(429) / lab.origin.total() <= 0.12
     assert "SECRET" not in caplog.text
 
 
