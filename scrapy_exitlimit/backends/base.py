@@ -118,7 +118,8 @@ class Backend:
         return self._replicate(lease.origin, self.limiter.success(lease, latency))
 
     def cpu_bound(self, busy: bool) -> None:
-        """Whether this process is CPU-bound now: no exit's in-flight limit grows then."""
+        """Whether this process is CPU-bound now: exits' in-flight limits shrink back to
+        where they start instead of growing."""
         self.limiter.cpu_bound(busy)
 
     def rate_limited(self, lease: Lease, retry_after: float) -> list[Event]:

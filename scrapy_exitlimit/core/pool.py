@@ -49,7 +49,7 @@ class ExitPool:
         self.order = list(self.states)
         #: the exits this process may admit on (None: all); see ``restrict``
         self.allowed: frozenset[str] | None = None
-        #: this process is CPU-bound (the glue says so): no exit's limit grows meanwhile
+        #: this process is CPU-bound (the glue says so): exits' limits shrink, none grows
         self.busy = False
 
     def restrict(self, exit_ids: Iterable[str] | None) -> None:
