@@ -84,7 +84,7 @@ class TwoKindsSpider(PagesSpider):
 
 @pytest_twisted.ensureDeferred
 async def test_dont_exitlimit_requests_go_direct():
-    lab = Lab(exits=2, origin=OriginConfig(rate=None, latency=0.05))
+    lab = Lab(exits=2, origin=OriginConfig(rate=None))
     crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 100}, 4, TwoKindsSpider)
     assert len(crawler.spider.ok) == 5
     assert crawler.stats.get_value("exitlimit/admitted") == 4
