@@ -15,7 +15,7 @@ from scrapy_exitlimit.core import (
     Tuning,
     make_exit,
 )
-from scrapy_exitlimit.core.health import BUSY_FLOOR, CpuLoad
+from scrapy_exitlimit.core.health import START_LIMIT, CpuLoad
 from scrapy_exitlimit.core.learning import CEILING_DRIFT, CEILING_DRIFT_MIN, REPROBE_AFTER
 
 from .conftest import FakeClock
@@ -413,12 +413,12 @@ def test_a_cpu_bound_process_gives_in_flight_back_to_the_start_and_grows_once_it
     assert results[-1] == "decrease" and c.limit == 4
     for _ in range(50):
         c.success(0.01, was_full=True, busy=True)
-    assert c.limit == BUSY_FLOOR  # never below the limit an exit starts at
+    assert c.limit == START_LIMIT  # never below the limit an exit starts at
     for _ in range(50):
         c.success(0.01, was_full=False, busy=True)
-    assert c.limit == BUSY_FLOOR  # an exit not used to the full has nothing to give back
+    assert c.limit == START_LIMIT  # an exit not used to the full has nothing to give back
     assert [c.success(0.01, was_full=True) for _ in range(2)][-1] == "increase"
-    assert c.limit == BUSY_FLOOR + 1
+    assert c.limit == START_LIMIT + 1
 
 
 def test_cpu_load_is_the_cpu_share_of_the_last_window():

@@ -15,8 +15,8 @@ BASELINE_FORGET = 0.01
 BUSY_SHARE = 0.9
 #: seconds over which that share is measured
 BUSY_WINDOW = 0.25
-#: while CPU-bound, a full exit's limit shrinks back to this (the limit it starts at)
-BUSY_FLOOR = 2
+#: the in-flight limit an exit starts at, and shrinks back to while CPU-bound
+START_LIMIT = 2
 
 
 @dataclass
@@ -24,7 +24,7 @@ class ConcurrencyLimit:
     """AIMD in-flight limit for one exit, clamped to [1, ceiling].
 
     +1 after ``limit`` successes that each found the limit in use, but -1 instead
-    (down to BUSY_FLOOR) while this process is CPU-bound (``busy``); x0.5 on a
+    (down to START_LIMIT) while this process is CPU-bound (``busy``); x0.5 on a
     timeout or proxy fault; x0.75 on a latency knee (latency far above the exit's
     own baseline); at most one decrease per ``limit`` answers.
     """
@@ -50,19 +50,15 @@ class ConcurrencyLimit:
         if busy:
             # CPU-bound: what is in flight beyond the start waits in this process's own
             # loop; give it back one at a time (it grows again once the CPU has room)
-            if was_full and self.limit > BUSY_FLOOR:
-                self._successes += 1
-                if self._successes >= self.limit:
-                    self._successes = 0
-                    self.limit -= 1
-                    return "decrease"
-            return None
-        if was_full and self.limit < self.ceiling:
+            may_move, step, moved = self.limit > START_LIMIT, -1, "decrease"
+        else:
+            may_move, step, moved = self.limit < self.ceiling, 1, "increase"
+        if was_full and may_move:
             self._successes += 1
             if self._successes >= self.limit:
                 self._successes = 0
-                self.limit += 1
-                return "increase"
+                self.limit += step
+                return moved
         return None
 
     def fault(self) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .exits import Exit
-from .health import ConcurrencyLimit, ExitHealth
+from .health import START_LIMIT, ConcurrencyLimit, ExitHealth
 from .limits import Limits
 
 
@@ -41,7 +41,7 @@ class ExitPool:
             ex.id: ExitState(
                 ex,
                 ConcurrencyLimit(limits.exit_concurrency(ex.id),
-                                 min(2, limits.exit_concurrency(ex.id))),
+                                 min(START_LIMIT, limits.exit_concurrency(ex.id))),
                 ExitHealth(evict_after=evict_after, backoff=reanimate_after),
             )
             for ex in exits
