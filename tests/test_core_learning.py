@@ -16,6 +16,7 @@ from scrapy_exitlimit.core import (
     make_exit,
 )
 from scrapy_exitlimit.core.health import START_LIMIT, CpuLoad
+from scrapy_exitlimit.core.learner import SLOW_RESOLUTION, OriginLearner, PairLearning
 from scrapy_exitlimit.core.learning import CEILING_DRIFT, CEILING_DRIFT_MIN, REPROBE_AFTER
 
 from .conftest import FakeClock
@@ -235,6 +236,62 @@ def test_a_fast_start_rate_is_proven_though_each_admission_comes_a_few_ms_late()
     assert len({lease.exit_id for lease in leases}) == 3
 
 
+def test_a_start_rate_is_proven_on_a_slow_path_by_the_first_request_paced_at_it():
+    """Until a pair's path is warm, its next request goes an interval after the previous
+    answer (when that request surely had arrived). The pace is what a start rate's proof
+    judges, not that wait: with 100 ms of latency, 0.5 s + 0.1 s between the scout's
+    requests read as 1.67 r/s, under 90 % of the 2 r/s start, and the start was proven
+    only when a rare fast answer came (seconds at 1 r/s per exit on a jittery path)."""
+    lim, clock = learner(3)
+    ostate = lim.origin_state(SITE)
+    for lease in [lim.try_admit(SITE) for _ in range(3)]:
+        answer(lim, clock, lease, latency=0.1)
+    scout = ostate.scout
+    got = lim.try_admit(SITE)
+    assert got == pytest.approx(0.6)  # an interval after the scout's answer
+    clock.now = got
+    probe = lim.try_admit(SITE)
+    assert probe.exit_id == scout and probe.gap == pytest.approx(0.6)
+    answer(lim, clock, probe, latency=0.1)
+    assert ostate.estimate.proven and ostate.estimate.lo == 2.0
+
+
+def test_a_start_rate_the_scout_was_not_paced_at_is_not_proven():
+    """Less demand than the start rate (a request 1.5 s after the last answer) proves
+    nothing, however long the path's wait was."""
+    lim, clock = learner(3)
+    ostate = lim.origin_state(SITE)
+    for lease in [lim.try_admit(SITE) for _ in range(3)]:
+        answer(lim, clock, lease, latency=0.1)
+    clock.now = 1.6
+    probe = lim.try_admit(SITE)
+    assert probe.exit_id == ostate.scout
+    answer(lim, clock, probe, latency=0.1)
+    assert not ostate.estimate.proven
+
+
+@pytest.mark.parametrize(("spread", "answers"), [(0.0, 1), (0.05, 1), (0.07, 3), (0.3, 3)])
+def test_a_step_within_the_paths_arrival_spread_takes_three_answers_to_confirm(
+        spread, answers):
+    """One clean answer a step up confirms it in slow start; but when the step shortens
+    the interval by less than the path's arrival spread (4.64 -> 6.53 r/s is 62 ms, a
+    jittery path spreads arrivals 54 ms), one answer is luck: the lab's pool took 6.53
+    r/s on one and every exit drew a 429 there. Three, as near a ceiling."""
+    pool = RateEstimate(4.64, floor=0.05, ceiling=1000.0)
+    learner = OriginLearner(pool=pool, min_rate=0.05, max_rate=1000.0,
+                            learning_of=lambda exit_id: None)
+    pl = PairLearning()
+    learner.scout, learner.scout_since = "a", 0.0
+    now = 1.0
+    for i in range(answers):
+        assert pool.lo == 4.64, i
+        now += 0.15
+        learner.succeeded(SITE, "a", pl, rate=6.53, gap=0.15, margin=0.0,
+                          admitted_at=now - 0.05, site_gap=0.015, now=now,
+                          configured=False, spread=spread)
+    assert pool.lo == pytest.approx(6.53)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_a_checker_is_an_exit_the_origin_has_answered(seed):
     """The scout's 429 at the start rate is checked by another exit: never by one whose
@@ -300,6 +357,19 @@ def test_a_slower_exit_learns_its_own_limit():
     assert slow.own_limit is not None and 0.6 <= slow.own_limit.lo <= 1.05
     assert lim.pair_state(SITE, "127.0.0.1:9000").own_limit is None  # still the pool's
     assert 4.5 <= lim.origin_state(SITE).estimate.lo <= 5.2
+
+
+def test_a_slower_exit_learns_its_own_limit_coarsely_as_each_probe_costs_a_429():
+    """A slow exit carries little of the crawl: its own limit is learned to within 2 x
+    10 % and its ceiling drifts at 0.2 %/s, so it is not bisected to 2 % and re-probed
+    every few seconds (8 decreases in a minute, each a 429; the lab's mixed pool drew
+    five per slow exit and its 429 share sat at the issue's 3 %)."""
+    lim, clock = learner(2)
+    slow_exit = "127.0.0.1:9001"
+    _, _, events = drive(lim, clock, {"127.0.0.1:9000": 5.0, slow_exit: 1.0}, 60)
+    own = lim.pair_state(SITE, slow_exit).own_limit
+    assert own.resolution == SLOW_RESOLUTION and 0.8 <= own.lo <= 1.0
+    assert sum(e.exit_id == slow_exit and e.kind == "rate_down" for e in events) <= 5
 
 
 def test_a_ceiling_two_slow_exits_agreed_on_is_dropped_once_both_prove_slow():

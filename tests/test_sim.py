@@ -115,6 +115,20 @@ def test_jitter_at_a_per_ip_limit_is_not_taken_for_a_site_limit():
     assert all(e.get("site") for e in site_wide.learned.values())
 
 
+def test_jitter_at_a_given_rate_is_not_taken_for_a_site_limit():
+    """The same with the rate given (EXITLIMIT_RATE): 429s that arrival jitter draws at
+    the configured pace, among mostly clean answers, lower the pairs under it (a given
+    rate is a ceiling); they had read as a site limit in 14 seeds of 20, and the lab's
+    known-rate crawl then ran at the 38 r/s site rate it learned (0.71 of 50). A site
+    limit under the given pairs' pace is still learned."""
+    for seed in (1, 2, 4):
+        run = simulate(replace(scenario("jitter-small").build(0.5), seed=seed, rate=5.0))
+        assert run.lost == 0
+        assert [e.get("site") for e in run.learned.values()] == [None], seed
+    site_wide = simulate(replace(scenario("site-wide").build(0.5), rate=5.0))
+    assert all(e.get("site") for e in site_wide.learned.values())
+
+
 def test_two_slow_exits_that_scouted_first_give_the_pool_back_as_soon_as_it_outpaces_them():
     """Seed 15 of the mixed pool: both 1 r/s exits draw the first 429s (at the 2 r/s
     start), so their ceiling becomes the pool's. The pool climbs under a ceiling set at

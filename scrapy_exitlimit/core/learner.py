@@ -36,6 +36,11 @@ from typing import Any
 from .events import Event
 from .learning import BACKOFF_BY_STREAK, CLIMB_BELOW, RESOLUTION, RateEstimate, backoff
 
+#: an exit slower than the pool learns its own limit to within 2 x 10 %, and its ceiling
+#: drifts at 0.2 %/s: it carries little of the crawl, and each probe of its limit costs
+#: a 429 (lab, mixed pool: five per slow exit to bisect 1 r/s to 2 %, then re-probe it)
+SLOW_RESOLUTION = 0.1
+SLOW_DRIFT = 0.002
 #: clean answers at a probed rate, with the pair really pacing, that confirm it:
 #: one in slow start (far from any ceiling), more when bisecting near one
 CONFIRMATIONS = 1
@@ -461,20 +466,30 @@ class OriginLearner(SharedRateLearner):
     # -- feedback ----------------------------------------------------------------
     def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                   gap: float, margin: float, admitted_at: float, site_gap: float, now: float,
-                  configured: bool, site_margin: float = 0.0) -> list[Event]:
+                  configured: bool, site_margin: float = 0.0, anchored: float = 0.0,
+                  spread: float = 0.0) -> list[Event]:
         """A clean answer to a request admitted at pair pace ``rate``, ``gap`` after the
         pair's previous one (``margin``: what pacing adds to every 1/rate interval: the
-        safety margin and the arrival spread), ``site_gap`` after the origin's previous
-        one."""
+        safety margin and the arrival spread; ``anchored``: how far the answer before it
+        pushed the pair's next token on, re-anchoring pacing on when it arrived;
+        ``spread``: how much later than the fastest its answers come), ``site_gap`` after
+        the origin's previous one."""
         self._answered(now, admitted_at, True)
         # what the pair really achieved: its pacing rate, or less when something else
-        # (its concurrency, latency, demand, the site budget) spaced the requests wider
-        # (proving a start rate far from any known limit, less the lateness an admission
-        # may have after its token: a timer fires when the event loop is free, a few ms
-        # late, and at high rates that alone made the scout look demand-bound: a start
-        # rate of 100 r/s or more was never proven, and every other exit held for it)
-        late = ADMIT_LATE if not self.estimate(pl).proven and rate * ADMIT_LATE >= LATE_SHARE and \
-            not self.near_limit(pl) else 0.0
+        # (its concurrency, latency, demand, the site budget) spaced the requests wider.
+        # Proving a start rate, the pace is on trial, not the path: less the time pacing
+        # waited for the path (until a pair's path is warm its next request goes an
+        # interval after the answer, and on a path with 100 ms of latency a 2 r/s start
+        # was proven only by a rare fast answer: seconds at 1 r/s per exit), and less the
+        # lateness an admission may have after its token (a timer fires when the event
+        # loop is free, a few ms late, and at high rates that alone made the scout look
+        # demand-bound: a start rate of 100 r/s or more was never proven, and every
+        # other exit held for it)
+        late = 0.0
+        if not self.estimate(pl).proven:
+            late = anchored
+            if rate * ADMIT_LATE >= LATE_SHARE and not self.near_limit(pl):
+                late += ADMIT_LATE
         achieved = min(rate, 1.0 / max(gap - margin - late, 1e-6))
         if achieved >= rate * 0.95:  # the rate itself ran clean
             pl.rate_streak = 0
@@ -482,13 +497,14 @@ class OriginLearner(SharedRateLearner):
             pl.clean_gaps.append((now, admitted_at - pl.last_clean))
             pl.last_clean = admitted_at
         events = self._confirm_pair(origin, exit_id, pl, achieved, admitted_at, now,
-                                    configured)
+                                    configured, spread)
         if self.site is not None:
             events += self._confirm_site(origin, site_gap, admitted_at, now, site_margin)
         return events
 
     def _confirm_pair(self, origin: str, exit_id: str, pl: PairLearning, achieved: float,
-                      admitted_at: float, now: float, configured: bool) -> list[Event]:
+                      admitted_at: float, now: float, configured: bool, spread: float = 0.0
+                      ) -> list[Event]:
         own = pl.own is not None
         est = self.estimate(pl)
         probing = own or self.scout == exit_id
@@ -509,6 +525,10 @@ class OriginLearner(SharedRateLearner):
         needed = CONFIRMATIONS if est.hi is None or not est.proven or (
             not own and self.ceiling_at_start and self.ceiling_by) else \
             CONFIRMATIONS_NEAR_CEILING
+        # a step that shortens the interval by less than the path's arrival spread is
+        # within what jitter does to one request: one clean answer there is luck
+        if est.proven and spread >= 1.0 / est.lo - 1.0 / pl.confirmed_rate:
+            needed = max(needed, CONFIRMATIONS_NEAR_CEILING)
         if pl.confirmations < needed:
             return []
         confirmed, pl.confirmations, pl.confirmed_rate = pl.confirmed_rate, 0, math.inf
@@ -597,6 +617,9 @@ class OriginLearner(SharedRateLearner):
                         for ev in scope.scope_evidence(key, exit_id, admitted_at, now, wider)]
             if not self._pool_jitter(pl, wider, now):
                 return self._site_evidence(origin, exit_id, admitted_at, now, wider)
+            if pl.own is not None:  # a given rate met by jitter: the pair settles under it
+                return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at,
+                                   now, 1.0 / fastest)
             # jitter meets every exit alike: the pool's, or (alone) no one's
             return self._pool_429(origin, exit_id, pl, rate, admitted_at, now) or []
         if pl.own is not None:
@@ -609,7 +632,7 @@ class OriginLearner(SharedRateLearner):
             pl.strike = now  # once may be the site's: twice alone is this exit's
             return []
         # the pool's known-clean rate is too fast for this exit: it learns its own
-        own = pl.own = RateEstimate(rate, floor=self.min_rate, ceiling=pool.ceiling)
+        own = pl.own = self._slow_estimate(rate)
         own.lo = max(own.floor, min(rate * backoff(pl.rate_streak), 1.0 / fastest))
         own.hi = own.seen = rate
         own.changed_at = now
@@ -704,13 +727,19 @@ class OriginLearner(SharedRateLearner):
 
     def _pool_jitter(self, pl: PairLearning, wider: bool, now: float) -> bool:
         """Whether a 429 as late after the pair's last clean request as clean ones came
-        (give or take its arrival jitter) is the pool's per-IP limit met by jitter, not
-        the site's: the pair paces at the pool's rate, the pool has found its ceiling,
-        and the site takes nearly all it is sent (under SITE_REFUSED 429s over the last
-        second). A site limit the pool's pace went past refuses a good share; jitter at a
-        per-IP limit now and then, on any exit, and three exits within the blame window
+        (give or take its arrival jitter) is the per-IP limit met by jitter, not the
+        site's: the pair paces at the pool's rate and the pool has found its ceiling, or
+        at a rate given it (configured or stated by the server), and the site takes
+        nearly all it is sent (under SITE_REFUSED 429s over the last second). A site
+        limit the pool's pace went past refuses a good share; jitter at a per-IP limit
+        now and then, on any exit, and three exits within the blame window
         had read as a site limit: the site budget then held the whole origin down."""
-        if wider or self.site is not None or pl.own is not None or self.pool.hi is None:
+        if wider or self.site is not None:
+            return False
+        own = pl.own
+        if own is not None and not own.ceiling < self.max_rate:
+            return False  # its own limit, learned: not a rate given (configured, stated)
+        if own is None and self.pool.hi is None:
             return False
         share = self.refused_share(now)
         return share is not None and share < SITE_REFUSED
@@ -788,9 +817,14 @@ class OriginLearner(SharedRateLearner):
 
     def recall_pair(self, pl: PairLearning, data: Mapping[str, Any], now: float) -> None:
         if pl.own is None:  # (a configured pair keeps its own estimate: its ceiling)
-            pl.own = RateEstimate(float(data["clean"]), floor=self.min_rate,
-                                  ceiling=self.pool.ceiling)
+            pl.own = self._slow_estimate(float(data["clean"]))
         pl.own.recall(data, now)
+
+    def _slow_estimate(self, rate: float) -> RateEstimate:
+        """The own limit of an exit slower than the pool, learned coarsely: it carries
+        little of the crawl, and every probe of it costs a 429."""
+        return RateEstimate(rate, floor=self.min_rate, ceiling=self.pool.ceiling,
+                            resolution=SLOW_RESOLUTION, drift_rate=SLOW_DRIFT)
 
 
 def raised(before: float, after: float, was_proven: bool) -> str | None:
@@ -807,7 +841,7 @@ def raised(before: float, after: float, was_proven: bool) -> str | None:
 
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "proven", "seen",
-                    "drift_rate", "climbs", "settled", "quiet")
+                    "drift_rate", "climbs", "settled", "quiet", "resolution")
 
 
 def estimate_data(est: RateEstimate) -> dict[str, Any]:

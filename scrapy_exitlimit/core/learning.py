@@ -56,6 +56,8 @@ class RateEstimate:
     #: the rate that last drew a 429, before any drift
     seen: float | None = None
     drift_rate: float = CEILING_DRIFT
+    #: how close clean and rejected must come before probing stops
+    resolution: float = RESOLUTION
     #: probes confirmed in a row under a known ceiling: each step up is twice the last
     climbs: int = 0
     #: converged since the last change: a 429 now comes from a re-probe
@@ -77,7 +79,7 @@ class RateEstimate:
     def converged(self) -> bool:
         if self.lo >= self.ceiling:
             return True
-        return self.hi is not None and self.hi <= self.lo * (1 + CONVERGED * RESOLUTION)
+        return self.hi is not None and self.hi <= self.lo * (1 + CONVERGED * self.resolution)
 
     def target(self) -> float:
         """The next rate worth trying; equal to ``lo`` when there is nothing to probe."""
@@ -99,7 +101,7 @@ class RateEstimate:
         middle = math.sqrt(self.lo * self.hi)
         if self.hi > self.lo * CLIMB_BELOW:
             return min(middle, self.ceiling)
-        step = self.lo * (1 + 2 * RESOLUTION * 2 ** min(self.climbs, MAX_CLIMBS))
+        step = self.lo * (1 + 2 * self.resolution * 2 ** min(self.climbs, MAX_CLIMBS))
         return min(step, middle, self.ceiling)
 
     def confirmed(self, rate: float, now: float) -> None:

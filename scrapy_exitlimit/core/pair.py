@@ -75,6 +75,9 @@ class PairState:
     #: the previous one (its arrival then re-anchors pacing), at most this long past
     #: its interval
     answer_wait: float = 0.0
+    #: how far the latest answer pushed the next token on (re-anchoring on its arrival):
+    #: time the pacing spent on the path, not on the rate
+    anchored: float = 0.0
     #: 429s in a row to requests sent after the previous cooldown had ended (what the
     #: breaker counts, and what lengthens a Retry-After that keeps proving too short)
     tested_429: int = 0
@@ -155,7 +158,9 @@ class PairState:
         if len(self.lateness) >= WARM_ANSWERS:
             late = sorted(self.lateness)
             self.spread = late[int(0.9 * (len(late) - 1))]
+        before = self.bucket.tat
         self.bucket.arrived(now - self.arrival_slack)
+        self.anchored = self.bucket.tat - before if math.isfinite(before) else 0.0
 
     def rate_limited(self, now: float, retry_after: float, *, admitted_at: float | None,
                      stretch: float, breaker_after: int, breaker_cooldown: float
