@@ -426,7 +426,12 @@ class OriginLearner(SharedRateLearner):
     def near_limit(self, pl: PairLearning) -> bool:
         """Whether a limit is known close by: then pacing allows for arrival jitter."""
         est = self.estimate(pl)
-        return est.hi is not None or est.ceiling < self.max_rate
+        return est.hi is not None or self._given(est)
+
+    def _given(self, est: RateEstimate) -> bool:
+        """Whether ``est`` is a rate given (configured, or stated by the server): its
+        ceiling is that rate, not the tuning's ``max_rate``."""
+        return est.ceiling < self.max_rate
 
     # -- admission -------------------------------------------------------------
     def granted(self, exit_id: str, pl: PairLearning, now: float) -> bool:
@@ -617,11 +622,9 @@ class OriginLearner(SharedRateLearner):
                         for ev in scope.scope_evidence(key, exit_id, admitted_at, now, wider)]
             if not self._pool_jitter(pl, wider, now):
                 return self._site_evidence(origin, exit_id, admitted_at, now, wider)
-            if pl.own is not None:  # a given rate met by jitter: the pair settles under it
-                return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at,
-                                   now, 1.0 / fastest)
-            # jitter meets every exit alike: the pool's, or (alone) no one's
-            return self._pool_429(origin, exit_id, pl, rate, admitted_at, now) or []
+            if pl.own is None:  # jitter meets every exit alike: the pool's, or no one's
+                return self._pool_429(origin, exit_id, pl, rate, admitted_at, now) or []
+            # (a given rate met by jitter: the pair settles under it, as below)
         if pl.own is not None:
             return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now,
                                1.0 / fastest)
@@ -737,8 +740,8 @@ class OriginLearner(SharedRateLearner):
         if wider or self.site is not None:
             return False
         own = pl.own
-        if own is not None and not own.ceiling < self.max_rate:
-            return False  # its own limit, learned: not a rate given (configured, stated)
+        if own is not None and not self._given(own):
+            return False  # its own limit, learned
         if own is None and self.pool.hi is None:
             return False
         share = self.refused_share(now)
