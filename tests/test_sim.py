@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from scrapy_exitlimit.sim import SCENARIOS, Crawl, OriginModel, Unlimited, simulate, table
+from scrapy_exitlimit.sim import SCENARIOS, Crawl, OriginModel, Unlimited, run, simulate, table
 
 #: (scenario, mode) -> (lowest utilization, highest 429 share): today's figures (seed 1),
 #: less 0.04 of utilization and plus one point of 429s (none where there were none)
@@ -143,3 +143,34 @@ def test_two_slow_exits_that_scouted_first_give_the_pool_back_as_soon_as_it_outp
     assert learned["pool"]["ceiling"] is None
     later = simulate(replace(scenario("mixed").build(1.0), seed=15, time_limit=3.0))
     assert later.learned["http://site.test"]["pool"]["clean"] > 4.0
+
+
+def test_a_tuning_override_reaches_the_limiter_and_changes_only_what_it_names():
+    """``bench/sim.py --set start_rate=4``: the knob reaches the learner (a start rate of
+    4 r/s is proven where 2 r/s was: more pages in the first second against no limit),
+    and a run without it is the crawl defaults' run, number for number."""
+    unlimited = scenario("unlimited")
+    default = run(unlimited, "learned", 0.1)
+    assert run(unlimited, "learned", 0.1, tuning={}) == default
+    faster = run(unlimited, "learned", 0.1, tuning={"start_rate": 4.0})
+    assert faster.ok == default.ok
+    assert faster.wall < default.wall
+
+
+def test_the_seeds_table_is_the_mean_of_each_seed_run():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_sim", Path(__file__).parent.parent / "bench" / "sim.py")
+    bench_sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_sim)
+    (row,) = bench_sim.seeds_table(0.1, ["per-ip"], 2, {}, 1)[:1]
+    one, two = (run(scenario("per-ip"), "learned", 0.1, seed) for seed in (1, 2))
+    assert (row.scenario, row.mode, row.ok, row.lost) == ("per-ip", "learned",
+                                                          one.ok + two.ok, one.lost + two.lost)
+    assert row.utilization == pytest.approx((one.utilization + two.utilization) / 2)
+    assert row.share_429 == pytest.approx((one.share_429 + two.share_429) / 2)
+    with pytest.raises(SystemExit, match="start_rate"):
+        bench_sim.parse_tuning(["start_rat=4"])
+    assert bench_sim.parse_tuning(["start_rate=4"]) == {"start_rate": 4.0}

@@ -61,6 +61,9 @@ class Crawl:
     first_exit: int = 0
     #: a warm start: what an earlier run learned (``Result.learned``), recalled first
     learned: dict[str, Any] | None = None
+    #: control-law knobs over the crawl defaults (``core.limiter.Tuning`` fields, e.g.
+    #: ``{"start_rate": 4.0}``): how a learner change is weighed before it is made
+    tuning: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,7 +103,7 @@ class _Sim:
         self.dead = {ex.id for ex in self.exits[crawl.exits - crawl.dead:]}
         order = self.exits[crawl.first_exit:] + self.exits[:crawl.first_exit]
         self.limiter = Limiter(order, Limits(rate=crawl.rate, concurrency=crawl.per_exit),
-                               clock=lambda: self.now, tuning=Tuning(**TUNING),
+                               clock=lambda: self.now, tuning=Tuning(**{**TUNING, **crawl.tuning}),
                                rng=random.Random(crawl.seed))
         names = list(crawl.origins)
         # interleaved: page 0 of every origin, then page 1 of every origin...

@@ -111,9 +111,11 @@ class Row:
     wall: float
 
 
-def run(scenario: Scenario, mode: str, scale: float = 1.0, seed: int = 1) -> Row:
-    """``mode``: "learned" (no rate given) or "known" (the per-IP rate given)."""
-    crawl = replace(scenario.build(scale), seed=seed)
+def run(scenario: Scenario, mode: str, scale: float = 1.0, seed: int = 1,
+        tuning: dict[str, float] | None = None) -> Row:
+    """``mode``: "learned" (no rate given) or "known" (the per-IP rate given);
+    ``tuning``: control-law knobs over the crawl defaults (``Crawl.tuning``)."""
+    crawl = replace(scenario.build(scale), seed=seed, tuning=dict(tuning or {}))
     if mode == "known":
         crawl = replace(crawl, rate=scenario.known_rate)
     result = simulate(crawl)
@@ -128,15 +130,31 @@ def run(scenario: Scenario, mode: str, scale: float = 1.0, seed: int = 1) -> Row
                utilization if math.isfinite(utilization) else 0.0, result.wall)
 
 
-def table(scale: float = 1.0, names: list[str] | None = None, seed: int = 1) -> list[Row]:
-    rows = []
+def table(scale: float = 1.0, names: list[str] | None = None, seed: int = 1,
+          tuning: dict[str, float] | None = None) -> list[Row]:
+    return [run(scenario, mode, scale, seed, tuning) for scenario, mode in jobs(names)]
+
+
+def jobs(names: list[str] | None = None) -> list[tuple[Scenario, str]]:
+    """(scenario, mode) for every row of the table: learned, and known where a user
+    could give the rate."""
+    out = []
     for scenario in SCENARIOS:
         if names and scenario.name not in names:
             continue
-        rows.append(run(scenario, "learned", scale, seed))
+        out.append((scenario, "learned"))
         if scenario.known_rate is not None:
-            rows.append(run(scenario, "known", scale, seed))
-    return rows
+            out.append((scenario, "known"))
+    return out
+
+
+def mean_rows(rows: list[Row]) -> Row:
+    """One scenario and mode over several seeds: utilization, 429 share and wall time
+    averaged, pages counted."""
+    n = len(rows)
+    return Row(rows[0].scenario, rows[0].mode, sum(r.ok for r in rows),
+               sum(r.lost for r in rows), sum(r.share_429 for r in rows) / n,
+               sum(r.utilization for r in rows) / n, sum(r.wall for r in rows) / n)
 
 
 def format_table(rows: list[Row]) -> str:
@@ -148,4 +166,5 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SCENARIOS", "Result", "Row", "Scenario", "format_table", "run", "table"]
+__all__ = ["SCENARIOS", "Result", "Row", "Scenario", "format_table", "jobs", "mean_rows", "run",
+           "table"]
