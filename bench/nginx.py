@@ -6,7 +6,10 @@ nginx limits each client IP with ``limit_req`` per ``$binary_remote_addr`` (no b
 with ``add_header ... always``, and answers 503 with ``Retry-After`` while a flag file
 exists (an ``if (-f ...)`` in the page location, before ``limit_req``: a 503 consumes no
 token). Each exit is a tinyproxy whose outgoing connections are bound to its own
-127.0.0.x (``Bind``), so nginx sees one client IP per exit.
+127.0.0.x (``Bind``), so nginx sees one client IP per exit. For the jittery paths
+(``jitter-small``, ``jitter-large``) each tinyproxy forwards to a relay of its own
+(``Upstream``): a lab proxy, bound to the same 127.0.0.x, that waits delay + U(0, jitter)
+s before it forwards a request. The limiter that counts is still nginx's.
 
     python bench/nginx.py --case overstated --repeat 3   # says 10;w=1, allows 3 r/s per IP
     python bench/nginx.py --case honest --repeat 3       # says 3;w=1, allows 3 r/s per IP
@@ -17,6 +20,8 @@ token). Each exit is a tinyproxy whose outgoing connections are bound to its own
     python bench/nginx.py --case site-wide --repeat 3    # 20 r/s for the site, 5 per IP
     python bench/nginx.py --case per-ip --warm --repeat 3  # cold, then warm from its state
     python bench/nginx.py --case site-wide --warm --strategy exitlimit-redis-learned
+    python bench/nginx.py --case jitter-small --repeat 3 # 20 ms + U(0, 60 ms) exit -> nginx
+    python bench/nginx.py --case jitter-large --strategy exitlimit   # 50 + U(0, 300), rate given
 
 A site-wide limit is a second ``limit_req`` zone keyed on ``$server_port`` (one key for
 every client). ``--warm`` crawls twice against the same nginx and exits (the origin and the
@@ -79,6 +84,10 @@ class Case:
     change_at: float | None = None
     changed_rate: float | None = None
     site_rate: float | None = None  # a limit_req zone for the whole site, r/s
+    #: network jitter between each exit and nginx: tinyproxy forwards to its own relay
+    #: (a lab proxy, bound to the exit's IP) that waits ``delay`` + U(0, ``jitter``) s
+    delay: float = 0.0
+    jitter: float = 0.0
 
     @property
     def capacity(self) -> float:
@@ -105,6 +114,12 @@ CASES = {
                    retry_after_429=1),
     "per-ip-known": Case(rate=5, exits=10, pages=1000, strategy="exitlimit",
                          retry_after_429=1),
+    # issue 11's jittery paths, as it measured them (through a relay): learned; the rate
+    # given with --strategy exitlimit
+    "jitter-small": Case(rate=5, exits=10, pages=1000, strategy="exitlimit-learned",
+                         retry_after_429=1, delay=0.02, jitter=0.06),
+    "jitter-large": Case(rate=5, exits=10, pages=1000, strategy="exitlimit-learned",
+                         retry_after_429=1, delay=0.05, jitter=0.3),
 }
 
 NGINX_CONF = """\
@@ -225,17 +240,42 @@ class Servers:
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.procs.append(nginx)
         wait_listening(self.port, nginx, "nginx")
+        relays = self._start_relays() if case.delay or case.jitter else []
         for i in range(case.exits):
             port = free_port()
             path = tmp / f"tinyproxy-{i}.conf"
+            upstream = f"Upstream http {relays[i].removeprefix('http://')}\n" if relays else ""
             path.write_text(TINYPROXY_CONF.format(port=port, bind=f"127.0.0.{FIRST_EXIT_HOST + i}",
-                                                  tmp=tmp, i=i))
+                                                  tmp=tmp, i=i) + upstream)
             proc = subprocess.Popen([shutil.which("tinyproxy") or "/usr/bin/tinyproxy", "-d",
                                      "-c", str(path)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.procs.append(proc)
             wait_listening(port, proc, f"tinyproxy {i}")
             self.exit_urls.append(f"http://127.0.0.1:{port}")
+
+    def _start_relays(self) -> list[str]:
+        """One lab proxy per exit, its outgoing connections bound to the exit's IP (so
+        nginx still sees one client IP per exit), waiting delay + U(0, jitter) s before
+        it forwards each request: the path from a real exit to the origin. The lab's own
+        origin (no limit) is started too, and unused."""
+        case = self.case
+        lab = subprocess.Popen(
+            [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(case.exits),
+             "--rate", "0", "--delay", f"{case.delay:g}", "--jitter", f"{case.jitter:g}",
+             "--seed", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.procs.append(lab)
+        line = lab.stdout.readline() if lab.stdout is not None else ""
+        if not line:
+            raise SystemExit("the jitter relays (the lab's proxies) did not start")
+        ips = json.loads(line)["exit_ips"]  # relay URL -> the IP it leaves from
+        relays = [url for ip in (f"127.0.0.{FIRST_EXIT_HOST + i}" for i in range(case.exits))
+                  for url, bound in ips.items() if bound == ip]
+        if len(relays) != case.exits:
+            raise SystemExit(f"the relays leave from {sorted(ips.values())}, not from "
+                             f"127.0.0.{FIRST_EXIT_HOST}.. as the exits do")
+        return relays
 
     @property
     def origin(self) -> str:
