@@ -33,9 +33,10 @@ def warm_table(scale: float, names: list[str], seed: int,
     for sc in SCENARIOS:
         if names and sc.name not in names:
             continue
-        crawl = replace(sc.build(scale), seed=seed, tuning=dict(tuning or {}))
-        cold = simulate(crawl)
-        warm = simulate(replace(crawl, learned=cold.learned))
+        # each run on a crawl built anew: the origin models keep their limiters' state
+        cold = simulate(replace(sc.build(scale), seed=seed, tuning=dict(tuning or {})))
+        warm = simulate(replace(sc.build(scale), seed=seed, tuning=dict(tuning or {}),
+                                learned=cold.learned))
         for phase, r in (("cold", cold), ("warm", warm)):
             lines.append(f"{sc.name:16} {phase:5} {100 * r.share_429:7.2f} "
                          f"{_util(sc, r):6.3f} {_first(sc, r, 1.0)[0]:10.3f} "

@@ -157,14 +157,20 @@ def test_a_tuning_override_reaches_the_limiter_and_changes_only_what_it_names():
     assert faster.wall < default.wall
 
 
-def test_the_seeds_table_is_the_mean_of_each_seed_run():
+@pytest.fixture(scope="module")
+def bench_sim():
+    """``bench/sim.py``, a script, loaded as a module."""
     import importlib.util
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
         "bench_sim", Path(__file__).parent.parent / "bench" / "sim.py")
-    bench_sim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_sim)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_seeds_table_is_the_mean_of_each_seed_run(bench_sim):
     (row,) = bench_sim.seeds_table(0.1, ["per-ip"], 2, {}, 1)[:1]
     one, two = (run(scenario("per-ip"), "learned", 0.1, seed) for seed in (1, 2))
     assert (row.scenario, row.mode, row.ok, row.lost) == ("per-ip", "learned",
@@ -174,3 +180,13 @@ def test_the_seeds_table_is_the_mean_of_each_seed_run():
     with pytest.raises(SystemExit, match="start_rate"):
         bench_sim.parse_tuning(["start_rat=4"])
     assert bench_sim.parse_tuning(["start_rate=4"]) == {"start_rate": 4.0}
+
+
+def test_the_warm_table_runs_each_crawl_on_origins_built_anew(bench_sim):
+    """The origin models keep their limiters' state: a warm run on the cold run's models
+    (as ``bench/sim.py --warm`` once did) met per-IP limits still counting the cold run's
+    last requests, and drew 10 429s in its first second instead of none."""
+    lines = bench_sim.warm_table(0.3, ["per-ip"], 1).splitlines()
+    warm = next(line.split() for line in lines if line.split()[:2] == ["per-ip", "warm"])
+    first_second_429 = int(warm[5])
+    assert first_second_429 == 0
