@@ -183,6 +183,26 @@ def test_after_a_503_the_budget_is_half_the_rate_admitted_just_before_it():
         assert budget.ready_at(clock.now) == pytest.approx(clock.now + 3.0, abs=0.01)
 
 
+def test_a_stall_of_ours_before_the_503_is_read_does_not_shrink_the_budget():
+    # 20 r/s for a second, then the 503 to the last request is read 1.5 s late (our
+    # process stalled): the origin saw 20 r/s, so the budget is 10, not min_rate
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=20.0)
+    lease = None
+    while clock.now < 1.0:
+        got = lim.try_admit(SITE)
+        if isinstance(got, Lease):
+            lease = got
+            lim.success(got, 0.001)
+            lim.release(got.id)
+        else:
+            clock.now = got
+    assert lease is not None
+    clock.advance(1.5)
+    lim.overloaded(lease, retry_after=1.0)
+    assert lim.origin_state(SITE).budget.bucket.rate == pytest.approx(10.0, rel=0.15)
+
+
 def test_a_steady_trickle_of_503s_decreases_once_per_congestion_event():
     clock = FakeClock(0.0)
     lim = limiter(1, clock, rate=20.0)

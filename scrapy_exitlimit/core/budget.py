@@ -7,12 +7,12 @@ It paces at the lower of two rates, and is absent while neither applies:
 - the **503 budget**. A 503 is the origin overloaded, whichever exit asked.
   Once per congestion event (503s to requests admitted before the last
   decrease count once), the budget drops to ``backoff`` times the rate the
-  origin was actually admitted at over the last second (or the budget's own
-  rate, when lower), floored at ``min_rate``, and the bucket is held for the
-  Retry-After (1 s when none is given). No increase before twice that (at
-  least 2 s); then each clean answer adds ``max(2 %, 1 / rate)`` r/s (about
-  +1 r/s per second), until the budget is above every other limit, when it is
-  gone.
+  origin was actually admitted at over the second before the refused request
+  went out (or the budget's own rate, when lower), floored at ``min_rate``,
+  and the bucket is held for the Retry-After (1 s when none is given). No
+  increase before twice that (at least 2 s); then each clean answer adds
+  ``max(2 %, 1 / rate)`` r/s (about +1 r/s per second), until the budget is
+  above every other limit, when it is gone.
 """
 
 from __future__ import annotations

@@ -217,8 +217,11 @@ class FeedbackLaws:
         if not origin_state.budget.congestion_is_new(lease.admitted_at):
             return out
         learner = origin_state.learner
+        # the rate the origin saw as it refused: the second before this request went out
+        # (a second before the 503 is read can be a stall of ours, and then reads as ~0)
+        seen = learner.rate_before(lease.admitted_at)
         bucket, pause = origin_state.budget.overloaded(
-            now, learner.admitted_rate(now), learner.site_rate(), retry_after,
+            now, seen, learner.site_rate(), retry_after,
             backoff=t.overload_backoff, min_rate=t.min_rate)
         if retry_after:  # a pause the server stated is the origin's, for every process
             out.changes.append(OriginHeld(lease.origin, now + retry_after, bucket.tolerance))

@@ -150,10 +150,20 @@ class SharedRateLearner:
         return self.site.target()
 
     def admitted_rate(self, now: float, window: float = 1.0, least: float = 0.1) -> float:
-        """Requests/s admitted for the origin over the last ``window`` seconds (over
-        less when its first admission is more recent, but at least ``least`` s)."""
-        return self._per_second(sum(1 for at, _ in self.admissions if now - at <= window),
+        """Requests/s admitted for the origin over the ``window`` seconds up to ``now``
+        (over less when its first admission is more recent, but at least ``least`` s).
+        Admissions after ``now`` (a time in the past) are not counted."""
+        return self._per_second(sum(1 for at, _ in self.admissions if 0 <= now - at <= window),
                                 now, window, least)
+
+    def rate_before(self, admitted_at: float) -> float:
+        """Requests/s admitted over the second up to ``admitted_at`` (a request's
+        admission): what the origin saw as that request arrived, however late its answer
+        is read. When later admissions have pushed that second out of the two kept, the
+        oldest second still kept."""
+        if self.admissions:
+            admitted_at = max(admitted_at, self.admissions[-1][0] - 1.0)
+        return self.admitted_rate(admitted_at)
 
     def accepted_rate(self, now: float, window: float = 1.0, least: float = 0.1) -> float:
         """Clean answers/s over the last ``window`` seconds: what the site takes."""
