@@ -70,7 +70,10 @@ async def test_ratelimit_headers_pace_the_pool_before_any_429():
     lab = Lab(exits=2, origin=OriginConfig(rate=10, burst=1, ratelimit_headers=True))
     crawler = await crawl_lab(lab, {}, 50)
     assert len(crawler.spider.ok) == 50
-    assert lab.origin.total(429) <= (5 if CALLBACK_DELAY else 0)  # seen on 2.13.4: 2 to 5
+    # seen on 2.13.4: 2 to 5; on 2.18+ none, but once 1 in CI: the lab shares our event
+    # loop, and a stall of over the 5 ms margin lands two requests too close. Learning
+    # without the headers draws at least 2 here (slow start past 10 r/s, then the check)
+    assert lab.origin.total(429) <= (5 if CALLBACK_DELAY else 1)
     assert crawler.stats.get_value("exitlimit/rate_announced") >= 1
 
 
