@@ -7,7 +7,7 @@ import pytest
 import pytest_twisted
 from scrapy.settings import Settings
 
-from scrapy_exitlimit.backends.redis import HELD_LATE, RedisBackend
+from scrapy_exitlimit.backends.redis import HELD_LATE, RESERVE_AHEAD, RedisBackend
 from scrapy_exitlimit.config import ExitLimitConfig
 
 from .test_partition import _sleep
@@ -64,12 +64,62 @@ async def test_reserved_leases_nobody_asks_for_go_back(redis_url):
         got = await admit(backend, "http://o", want=2)
         assert got.leases == [] and backend._held
         held = [lease.id for _, _, lease in backend._held["http://o"]]
-        await _sleep(got.ready_at - backend.clock() + HELD_LATE + 0.05)
+        # (a lone process waits RESERVE_AHEAD for a pause of its own, several HELD_LATE)
+        await _sleep(got.ready_at - backend.clock() + RESERVE_AHEAD + 0.05)
         backend._drop_late_held()  # the heartbeat does this
         assert not backend._held
         assert not any(lease_id in backend.limiter.leases for lease_id in held)
     finally:
         await backend.close()
+
+
+async def _reserved_then_late(backend: RedisBackend, late: float):
+    """Two pairs' tokens reserved, then asked for ``late`` after their time."""
+    for lease in (await admit(backend, "http://o", want=2)).leases:
+        backend.release(lease.id)
+    await _sleep(0.12)
+    got = await admit(backend, "http://o", want=2)
+    assert got.leases == [] and backend._held
+    await _sleep(got.ready_at - backend.clock() + late)
+    return await admit(backend, "http://o", want=2)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lone_process_late_for_its_reserved_tokens_still_sends_them(redis_url):
+    """A pause of the process's own (a garbage collection: 50-70 ms every few seconds on
+    nginx) made every reserved token due in it go back unused: each of those exits lost a
+    whole interval. Alone, no other process can hold the pairs' next tokens: the requests
+    go, and each pair's next token is an interval after its request went."""
+    import redis
+
+    backend = warm_backend(redis_url)
+    try:
+        got = await _reserved_then_late(backend, HELD_LATE + 0.04)
+        went = backend.clock()
+        assert len(got.leases) == 2 and backend.held_late == 0
+        await _sleep(0.3)  # the anchors ride with the next call, or go alone
+        with redis.Redis.from_url(redis_url) as client:
+            for lease in got.leases:
+                key = backend._key("pair", "http://o", backend.limiter.pair_key(lease.exit_id))
+                interval = backend.limiter.pair_state("http://o", lease.exit_id).bucket.interval
+                assert float(client.hget(key, "tat")) >= went + interval - 0.002
+    finally:
+        await backend.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_process_among_others_late_for_its_reserved_tokens_gives_them_back(redis_url):
+    other = warm_backend(redis_url)  # another process: it may hold the pairs' next tokens
+    await _sleep(0.1)
+    backend = warm_backend(redis_url)
+    try:
+        await _sleep(0.1)
+        assert backend.processes == 2  # its presence seen
+        await _reserved_then_late(backend, HELD_LATE + 0.04)
+        assert backend.held_late == 2  # (what it gets instead is asked of Redis anew)
+    finally:
+        await backend.close()
+        await other.close()
 
 
 @pytest_twisted.ensureDeferred
