@@ -159,6 +159,22 @@ def test_a_configured_origin_rate_stays_a_ceiling_of_the_learned_site_rate():
     assert ostate.budget.bucket is not None and ostate.budget.bucket.rate <= 6.0
 
 
+def admit_clean_until(lim: Limiter, clock: FakeClock, end: float) -> Lease:
+    """Admit as fast as the limiter allows until ``end``, each answered clean at once;
+    the last lease."""
+    lease = None
+    while clock.now < end:
+        got = lim.try_admit(SITE)
+        if isinstance(got, Lease):
+            lease = got
+            lim.success(got, 0.001)
+            lim.release(got.id)
+        else:
+            clock.now = got
+    assert lease is not None
+    return lease
+
+
 def test_after_a_503_the_budget_is_half_the_rate_admitted_just_before_it():
     for start in (0.0, 999.0):  # early in a crawl, and a crawl running for 1000 s
         clock = FakeClock(0.0)
@@ -167,16 +183,7 @@ def test_after_a_503_the_budget_is_half_the_rate_admitted_just_before_it():
         lim.success(first, 0.001)
         lim.release(first.id)
         clock.now = start
-        lease = None
-        while clock.now < start + 1.0:
-            got = lim.try_admit(SITE)
-            if isinstance(got, Lease):
-                lease = got
-                lim.success(got, 0.001)
-                lim.release(got.id)
-            else:
-                clock.now = got
-        assert lease is not None
+        lease = admit_clean_until(lim, clock, start + 1.0)
         lim.overloaded(lease, retry_after=3.0)
         budget = lim.origin_state(SITE).budget.bucket
         assert budget.rate == pytest.approx(10.0, rel=0.15), start
@@ -188,16 +195,7 @@ def test_a_stall_of_ours_before_the_503_is_read_does_not_shrink_the_budget():
     # process stalled): the origin saw 20 r/s, so the budget is 10, not min_rate
     clock = FakeClock(0.0)
     lim = limiter(1, clock, rate=20.0)
-    lease = None
-    while clock.now < 1.0:
-        got = lim.try_admit(SITE)
-        if isinstance(got, Lease):
-            lease = got
-            lim.success(got, 0.001)
-            lim.release(got.id)
-        else:
-            clock.now = got
-    assert lease is not None
+    lease = admit_clean_until(lim, clock, 1.0)
     clock.advance(1.5)
     lim.overloaded(lease, retry_after=1.0)
     assert lim.origin_state(SITE).budget.bucket.rate == pytest.approx(10.0, rel=0.15)

@@ -54,15 +54,22 @@ async def test_reserved_leases_are_handed_out_at_their_time_without_another_call
         await backend.close()
 
 
+async def _reserve_two(backend: RedisBackend):
+    """Both pairs answered once, then asked again 120 ms on: their next tokens (80 ms
+    away, within half an interval) reserved, none handed out yet."""
+    for lease in (await admit(backend, "http://o", want=2)).leases:
+        backend.release(lease.id)
+    await _sleep(0.12)
+    got = await admit(backend, "http://o", want=2)
+    assert got.leases == [] and backend._held
+    return got
+
+
 @pytest_twisted.ensureDeferred
 async def test_reserved_leases_nobody_asks_for_go_back(redis_url):
     backend = warm_backend(redis_url)
     try:
-        for lease in (await admit(backend, "http://o", want=2)).leases:
-            backend.release(lease.id)
-        await _sleep(0.12)
-        got = await admit(backend, "http://o", want=2)
-        assert got.leases == [] and backend._held
+        got = await _reserve_two(backend)
         held = [lease.id for _, _, lease in backend._held["http://o"]]
         # (a lone process waits RESERVE_AHEAD for a pause of its own, several HELD_LATE)
         await _sleep(got.ready_at - backend.clock() + RESERVE_AHEAD + 0.05)
@@ -75,11 +82,7 @@ async def test_reserved_leases_nobody_asks_for_go_back(redis_url):
 
 async def _reserved_then_late(backend: RedisBackend, late: float):
     """Two pairs' tokens reserved, then asked for ``late`` after their time."""
-    for lease in (await admit(backend, "http://o", want=2)).leases:
-        backend.release(lease.id)
-    await _sleep(0.12)
-    got = await admit(backend, "http://o", want=2)
-    assert got.leases == [] and backend._held
+    got = await _reserve_two(backend)
     await _sleep(got.ready_at - backend.clock() + late)
     return await admit(backend, "http://o", want=2)
 
