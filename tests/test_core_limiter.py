@@ -349,3 +349,23 @@ def test_429s_in_flight_together_are_one_event_and_a_retry_after_proven_short_do
     lease = _admit(lim, clock)
     kinds = [ev.kind for ev in lim.rate_limited(SITE, lease.exit_id, 1.0, lease).events]
     assert "breaker_open" in kinds  # the fourth 429 in a row that counts
+
+
+def test_a_slower_pace_counts_from_when_the_last_request_reached_the_server():
+    """A first request on a cold connection reaches the server well after its admission
+    (as late as its answer, for all we know): when the pair's rate then drops, the next
+    request goes a new interval after that, not after the admission (nginx saw 0.978 s
+    between a pair's first two requests paced 1.005 s apart at 1 r/s, and answered 429)."""
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=2.0)
+    first = lim.try_admit(SITE)
+    clock.advance(0.04)
+    lim.release(first.id, answered=True)  # answered 40 ms after it went
+    pair = lim.pair_state(SITE, first.exit_id)
+    interval = 1.0 + lim.tuning.margin
+    pair.pace(1.0, lim.tuning.margin)  # the pair's rate halves (a 429 elsewhere, say)
+    assert pair.bucket.ready_at(clock()) == pytest.approx(0.04 + interval)
+    # a later answer bounds arrivals no sooner than it says: the bound only moves on
+    pair.answered(0.03, latency=0.03)
+    pair.pace(0.5, lim.tuning.margin)
+    assert pair.bucket.ready_at(clock()) == pytest.approx(0.04 + 2.0 + lim.tuning.margin)

@@ -373,20 +373,27 @@ def test_a_scoped_sequence_takes_scope_tokens_on_both_sides(client):
 #: a pace that changes between two admissions, each way
 PACE_CHANGES = {
     "faster": [("admit", 1), ("wait", 0.5), ("answer", 0, "rate", 0.0, 2.0),  # slower, rested
-               ("wait", 0.0625), ("admit", 1),  # on the slower pace
+               ("wait", 0.5), ("admit", 1),  # on the slower pace, from the cold answer
                ("answer", 0, "rate", 0.0, 8.0),  # faster: the next token 1/8 s on, not 1/2
                ("admit", 1)],
     "slower": [("admit", 1), ("wait", 0.0625), ("answer", 0, "rate", 0.0, 8.0),
                ("wait", 0.125), ("admit", 1),  # on the 8 r/s pace
                ("answer", 0, "rate", 0.0, 2.0),  # slower: the next token 1/2 s on, not 1/8
                ("wait", 0.25), ("admit", 1)],
+    # slower after a cold answer: from the answer (the request may have reached the
+    # server as late as that), not from the admission 50 ms before it
+    "after-cold": [("admit", 1), ("wait", 0.05), ("answer", 0, "rate", 0.0, 2.0),
+                   ("wait", 0.45), ("admit", 1), ("wait", 0.05), ("admit", 1)],
 }
+SLOWER_PACE = "        c[i].tat = math.max(c[i].tat, math.max(c[i].last, c[i].arr) + c[i].interval)"
 #: the script's line for each pace change, changed to keep the old schedule
 PACE_MUTANTS = {
     "faster": ("        c[i].tat = c[i].tat - (old_ivl - c[i].interval)",
                "        c[i].tat = c[i].tat"),
-    "slower": ("        c[i].tat = math.max(c[i].tat, c[i].last + c[i].interval)",
+    "slower": (SLOWER_PACE,
                "        c[i].tat = c[i].tat"),
+    "after-cold": (SLOWER_PACE,
+                   "        c[i].tat = math.max(c[i].tat, c[i].last + c[i].interval)"),
 }
 
 

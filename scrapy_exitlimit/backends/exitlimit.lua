@@ -47,7 +47,8 @@ local function presence(pk, id, ttl)
 end
 
 -- give back lease `token`; `arrived` 1: the request reached the server as late as
--- now - back, so the pair's next request goes an interval after that. An empty token
+-- now - back, so the pair's next request goes an interval after that (back 0, a cold
+-- path: as late as now, which a slower pace counts from too, `arr`). An empty token
 -- gives nothing back: a request sent late re-anchors a shared budget (pk) alone
 local function release(lk, pk, token, arrived, back, interval)
   if token ~= '' then
@@ -55,9 +56,12 @@ local function release(lk, pk, token, arrived, back, interval)
   end
   if arrived == '1' and redis.call('EXISTS', pk) == 1 then
     local when = now - tonumber(back) + tonumber(interval)
-    local tat = num(redis.call('HGET', pk, 'tat'), NEG)
-    if when > tat then
+    local f = redis.call('HMGET', pk, 'tat', 'arr')
+    if when > num(f[1], NEG) then
       redis.call('HSET', pk, 'tat', f6(when))
+    end
+    if tonumber(back) == 0 and now > num(f[2], NEG) then
+      redis.call('HSET', pk, 'arr', f6(now))
     end
   end
 end
@@ -123,13 +127,14 @@ if op == 'admit' then
   for i = 1, n do
     local pk, lk, ek = KEYS[kbase + 3 * i - 2], KEYS[kbase + 3 * i - 1], KEYS[kbase + 3 * i]
     local a = abase + 4 * (i - 1)
-    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol', 'ivl')
+    local f = redis.call('HMGET', pk, 'tat', 'cool', 'ban', 'last', 'tol', 'ivl', 'arr')
     local dead = num(redis.call('HGET', ek, 'dead'), NEG)
     c[i] = {
       interval = tonumber(ARGV[a]), tol = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 2]),
       reserve = ARGV[a + 3] == '1',
       tat = num(f[1], NEG), block = math.max(num(f[2], NEG), num(f[3], NEG), dead),
-      last = num(f[4], NEG), busy = redis.call('ZCARD', lk), pk = pk, lk = lk,
+      last = num(f[4], NEG), arr = num(f[7], NEG), busy = redis.call('ZCARD', lk),
+      pk = pk, lk = lk,
     }
     if c[i].busy >= c[i].limit then
       -- full: leases of a process that died (expired, never renewed) free their places
@@ -142,12 +147,13 @@ if op == 'admit' then
     if old_tol and c[i].tol > old_tol then
       c[i].tat = c[i].tat + (c[i].tol - old_tol)
     end
-    -- a new pace starts one new interval after the pair's last admission: not sooner
-    -- when slower, not an old interval later when faster (as the core's pair.py)
+    -- a new pace starts one new interval after the pair's last admission (or a cold
+    -- path's last answer, `arr`): not sooner when slower, not an old interval later
+    -- when faster (as the core's pair.py)
     local old_ivl = tonumber(f[6])
     if old_ivl and c[i].tat > NEG then
       if c[i].interval > old_ivl then
-        c[i].tat = math.max(c[i].tat, c[i].last + c[i].interval)
+        c[i].tat = math.max(c[i].tat, math.max(c[i].last, c[i].arr) + c[i].interval)
       elseif c[i].interval < old_ivl then
         c[i].tat = c[i].tat - (old_ivl - c[i].interval)
       end

@@ -4,8 +4,9 @@ The rate a pair paces at is the learner's to say (``learner.py``); the pair
 keeps the rest:
 
 1. **Pacing.** A GCRA bucket at the pair's rate. A new pace starts one new
-   interval after the pair's last admission: not sooner when slower, not an old
-   interval later when faster (a probe starts at once).
+   interval after the pair's last request (when slower: after it reached the
+   server, as far as rule 2 bounds that), not an old interval later when faster
+   (a probe starts at once).
 2. **Arrivals.** The server counts arrivals, we count admissions: a request
    answered ``latency`` after admission reached the server no later than
    ``now - min_latency``, so the next one goes an interval after that. Until
@@ -87,6 +88,9 @@ class PairState:
     bans: int = 0
     last_admit: float = -math.inf
     last_success: float = -math.inf
+    #: the latest answer while the path was cold (no arrival slack known): its request
+    #: reached the server as late as that, so a slower pace counts from here too
+    arrived_by: float = -math.inf
 
     @property
     def own_limit(self) -> RateEstimate | None:
@@ -137,7 +141,10 @@ class PairState:
             # the next request one new interval after the last: not sooner when slower,
             # not an old interval later when faster (a probe starts at once)
             if bucket.interval > before:
-                bucket.arrived(self.last_admit)
+                # from the last admission, or from as late as a cold path's last answer
+                # (a first request on a cold connection reaches the server well after
+                # its admission: rule 2's worst case)
+                bucket.arrived(max(self.last_admit, self.arrived_by))
             elif math.isfinite(bucket.tat):
                 bucket.tat -= before - bucket.interval
 
@@ -159,7 +166,10 @@ class PairState:
             late = sorted(self.lateness)
             self.spread = late[int(0.9 * (len(late) - 1))]
         before = self.bucket.tat
-        self.bucket.arrived(now - self.arrival_slack)
+        slack = self.arrival_slack
+        if not slack:
+            self.arrived_by = max(self.arrived_by, now)
+        self.bucket.arrived(now - slack)
         self.anchored = self.bucket.tat - before if math.isfinite(before) else 0.0
 
     def rate_limited(self, now: float, retry_after: float, *, admitted_at: float | None,
