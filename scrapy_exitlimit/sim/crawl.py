@@ -5,8 +5,9 @@ feeds the limiter exactly what the middleware does (admission, then on each
 answer the feedback call and the lease release; 429s and bans re-issued, never
 lost) and models what Scrapy and the network add: ``CONCURRENT_REQUESTS``
 (parked requests hold a slot), a client that handles one answer at a time
-(``cpu`` seconds each), one-way latency with jitter on the way to the origin,
-dead proxies that refuse connections. Deterministic for a given seed.
+(``cpu`` seconds each, ``send`` of them before the request leaves: a request
+admitted while the client is busy goes out late), one-way latency with jitter
+on the way to the origin, dead proxies that refuse connections. Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ class Network:
     base: float = 0.001
     jitter: float = 0.0
     back: float = 0.001
-    #: seconds the client spends on each answer, one at a time (Scrapy is CPU-bound)
+    #: seconds the client spends on each request, one at a time (Scrapy is CPU-bound)
     cpu: float = 0.002
+    #: ... of which before it leaves (the rest on its answer): sent behind the work
+    #: queued before it, so requests admitted in a burst reach the server late
+    send: float = 0.0001
 
 
 @dataclass
@@ -181,7 +185,9 @@ class _Sim:
             self.at(self.now + 0.001, "refused", (origin, exit_id, lease))
             return
         net = self.crawl.network
-        arrive = self.now + net.base + self.rng.uniform(0.0, net.jitter)
+        leaves = max(self.now, self.cpu_free) + net.send  # one thing at a time
+        self.cpu_free = leaves
+        arrive = leaves + net.base + self.rng.uniform(0.0, net.jitter)
         self.at(arrive, "arrive", (origin, exit_id, lease))
 
     def on_arrive(self, data: tuple[str, str, Lease | None]) -> None:
@@ -195,7 +201,7 @@ class _Sim:
     def on_answer(self, data: tuple[str, str, Lease | None, int]) -> None:
         # the client handles answers one at a time: this one when the last is done
         start = max(self.now, self.cpu_free)
-        self.cpu_free = start + self.crawl.network.cpu
+        self.cpu_free = start + self.crawl.network.cpu - self.crawl.network.send
         self.at(self.cpu_free, "handled", data)
 
     def on_handled(self, data: tuple[str, str, Lease | None, int]) -> None:
