@@ -22,9 +22,15 @@ s before it forwards a request. The limiter that counts is still nginx's.
     python bench/nginx.py --case site-wide --warm --strategy exitlimit-redis-learned
     python bench/nginx.py --case jitter-small --repeat 3 # 20 ms + U(0, 60 ms) exit -> nginx
     python bench/nginx.py --case jitter-large --strategy exitlimit   # 50 + U(0, 300), rate given
+    python bench/nginx.py --case mixed --repeat 3        # 2 exits at 1 r/s, 1 banned, 1 dead
+    python bench/nginx.py --case broad --repeat 3        # 30 origins x 10 exits x 1 r/s per IP
+    python bench/nginx.py --case unlimited --baseline random-proxy --repeat 3  # no limit
 
 A site-wide limit is a second ``limit_req`` zone keyed on ``$server_port`` (one key for
-every client). ``--warm`` crawls twice against the same nginx and exits (the origin and the
+every client). A mixed pool's slow exits get a third zone keyed through a ``map`` that
+gives only their IPs a key, its banned exits a ``return 403``. A broad crawl's origins are
+one nginx listening on 30 ports, its per-IP zone keyed on the client IP and the port.
+``--warm`` crawls twice against the same nginx and exits (the origin and the
 exits keep their addresses, so the state file names them alike): cold with a new
 ``EXITLIMIT_STATE_FILE``, then warm from it, each measured on its own requests.
 ``--strategy`` crawls with another of bench/crawl_once.py's strategies; a Redis one
@@ -71,7 +77,7 @@ FIRST_EXIT_HOST = 10  # exit i leaves from 127.0.0.{10 + i}, as in the lab
 
 @dataclass(frozen=True)
 class Case:
-    rate: float  # nginx limit_req, r/s per client IP
+    rate: float  # nginx limit_req, r/s per client IP (0: no limit at all)
     exits: int
     pages: int
     strategy: str  # bench/crawl_once.py's
@@ -88,10 +94,22 @@ class Case:
     #: (a lab proxy, bound to the exit's IP) that waits ``delay`` + U(0, ``jitter``) s
     delay: float = 0.0
     jitter: float = 0.0
+    #: a mixed pool: exits (by index) limited to ``slow_rate`` per IP, exits answered 403
+    #: to everything, and exit URLs nobody listens on (after the live ones)
+    slow: tuple[int, ...] = ()
+    slow_rate: float = 1.0
+    banned: tuple[int, ...] = ()
+    dead: int = 0
+    #: a broad crawl: this many origins (one nginx port each, each limited per IP on its
+    #: own), the pages interleaved over them
+    origins: int = 1
 
     @property
     def capacity(self) -> float:
-        per_ip = self.rate * self.exits
+        if not self.rate:
+            return float("inf")
+        fast = self.exits - len(self.slow) - len(self.banned)
+        per_ip = self.origins * (self.rate * fast + min(self.rate, self.slow_rate) * len(self.slow))
         return per_ip if self.site_rate is None else min(per_ip, self.site_rate)
 
 
@@ -120,6 +138,15 @@ CASES = {
                          retry_after_429=1, delay=0.02, jitter=0.06),
     "jitter-large": Case(rate=5, exits=10, pages=1000, strategy="exitlimit-learned",
                          retry_after_429=1, delay=0.05, jitter=0.3),
+    # issue 11's mixed pool: 2 exits at 1 r/s, 1 banned, 1 dead proxy (capacity 37 r/s); a
+    # slow exit is the first of EXITLIMIT_EXITS, so it scouts first
+    "mixed": Case(rate=5, exits=10, pages=600, strategy="exitlimit-learned",
+                  retry_after_429=1, slow=(0, 9), banned=(7,), dead=1),
+    # issue 11's broad crawl: 30 origins x 10 exits, 1 r/s per IP at each
+    "broad": Case(rate=1, exits=10, pages=3000, strategy="exitlimit-learned",
+                  retry_after_429=1, origins=30),
+    # issue 11's no limit at all: judged against a bare crawl (--baseline random-proxy)
+    "unlimited": Case(rate=0, exits=10, pages=3000, strategy="exitlimit-learned"),
 }
 
 NGINX_CONF = """\
@@ -129,7 +156,7 @@ pid {tmp}/nginx.pid;
 error_log {tmp}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
-    log_format bench '$msec $remote_addr $status $request_uri';
+    log_format bench '$msec $remote_addr $status $request_uri $server_port';
     access_log {tmp}/access.log bench;
     client_body_temp_path {tmp}/body;
     proxy_temp_path {tmp}/proxy;
@@ -137,13 +164,14 @@ http {{
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
     keepalive_requests 100000;
-    limit_req_zone $binary_remote_addr zone=perip:10m rate={rate}r/s;
+    {perip_zone}
+    {mixed_zones}
     {changed_zone}
     {site_zone}
     limit_req_status 429;
     server {{
         {limited}
-        listen 127.0.0.1:{port};
+        {listen}
         root {tmp}/www;
         location /page/ {{
             {policy}
@@ -153,7 +181,9 @@ http {{
                 add_header Retry-After {retry_after} always;
                 return 503;
             }}
-            limit_req zone=perip;
+            {banned}
+            {perip_limit}
+            {slow_limit}
             {site_limit}
             try_files /page.html =404;
         }}
@@ -203,7 +233,8 @@ class Servers:
     def __init__(self, case: Case, tmp: Path) -> None:
         self.case, self.tmp = case, tmp
         self.procs: list[subprocess.Popen] = []
-        self.port = free_port()
+        self.ports = [free_port() for _ in range(case.origins)]
+        self.port = self.ports[0]
         self.exit_urls: list[str] = []
 
     def start(self) -> None:
@@ -229,7 +260,26 @@ class Servers:
             site_zone = f"limit_req_zone $server_port zone=site:1m rate={case.site_rate:g}r/s;"
             site_limit = "limit_req zone=site;"
         conf = tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=tmp, port=self.port, rate=f"{case.rate:g}",
+        perip_zone = perip_limit = ""
+        if case.rate:  # per origin (the port it listens on) and client IP
+            key = "$binary_remote_addr$server_port" if case.origins > 1 else "$binary_remote_addr"
+            perip_zone = f"limit_req_zone {key} zone=perip:10m rate={case.rate:g}r/s;"
+            perip_limit = "limit_req zone=perip;"
+        mixed_zones = banned = slow_limit = ""
+        if case.slow:  # an empty key is not limited: only the slow exits' IPs get one
+            ips = " ".join(f"127.0.0.{FIRST_EXIT_HOST + i} $binary_remote_addr;"
+                           for i in case.slow)
+            mixed_zones += (f"map $remote_addr $slow_key {{ {ips} default \"\"; }} "
+                            f"limit_req_zone $slow_key zone=slow:1m rate={case.slow_rate:g}r/s;")
+            slow_limit = "limit_req zone=slow;"
+        if case.banned:
+            ips = " ".join(f"127.0.0.{FIRST_EXIT_HOST + i} 1;" for i in case.banned)
+            mixed_zones += f" map $remote_addr $banned {{ {ips} default 0; }}"
+            banned = "if ($banned) { return 403; }"
+        listen = " ".join(f"listen 127.0.0.1:{port};" for port in self.ports)
+        conf.write_text(NGINX_CONF.format(tmp=tmp, listen=listen, perip_zone=perip_zone,
+                                          perip_limit=perip_limit, mixed_zones=mixed_zones,
+                                          banned=banned, slow_limit=slow_limit,
                                           policy=policy, retry_after=case.retry_after,
                                           limited=limited, changed=changed,
                                           changed_zone=changed_zone,
@@ -253,6 +303,7 @@ class Servers:
             self.procs.append(proc)
             wait_listening(port, proc, f"tinyproxy {i}")
             self.exit_urls.append(f"http://127.0.0.1:{port}")
+        self.exit_urls += [f"http://127.0.0.1:{free_port()}" for _ in range(case.dead)]
 
     def _start_relays(self) -> list[str]:
         """One lab proxy per exit, its outgoing connections bound to the exit's IP (so
@@ -279,10 +330,11 @@ class Servers:
 
     @property
     def origin(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The origin's URL; comma-separated, one per port, for a broad crawl."""
+        return ",".join(f"http://127.0.0.1:{port}" for port in self.ports)
 
     def access_log(self) -> list[tuple[float, str, int, str]]:
-        """``(unix time, client IP, status, URI)`` of every request nginx logged."""
+        """``(unix time, client IP, status, "URI port")`` of every request nginx logged."""
         path = self.tmp / "access.log"
         if not path.exists():
             return []
@@ -356,16 +408,35 @@ class Overload(Flag):
         self.flag.unlink(missing_ok=True)
 
 
+def start_servers(case: Case, tries: int = 3) -> tuple[Servers, Path]:
+    """nginx and the exits on free ports, started anew (on other ports) when one fails:
+    a port found free may be taken before nginx binds it (a broad case asks for 30)."""
+    for attempt in range(1, tries + 1):
+        tmp = Path(tempfile.mkdtemp(prefix="exitlimit-nginx-"))
+        servers = Servers(case, tmp)
+        try:
+            servers.start()
+            return servers, tmp
+        except SystemExit as exc:
+            servers.stop()
+            log = tmp / "error.log"
+            detail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+            shutil.rmtree(tmp, ignore_errors=True)
+            if attempt == tries:
+                raise
+            print(f"  the servers did not start ({exc}{': ' + detail[0] if detail else ''}); "
+                  "again on other ports", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def run_once(case: Case, timeout: float, settings: list[str], log_to: Path | None = None,
              warm: bool = False) -> list[dict]:
     """One crawl (two with ``warm``: cold, then from the cold one's state file) against
     one nginx and its exits; a result per crawl."""
-    tmp = Path(tempfile.mkdtemp(prefix="exitlimit-nginx-"))
-    servers = Servers(case, tmp)
+    servers, tmp = start_servers(case)
     redis = RedisServer() if "redis" in case.strategy else None
     results = []
     try:
-        servers.start()
         if redis is not None:
             redis.start()
             settings = [*settings, f"EXITLIMIT_REDIS_URL={redis.url}"]
@@ -440,6 +511,8 @@ def _crawl(servers: Servers, case: Case, timeout: float, settings: list[str],
         "exitlimit": result["exitlimit"],
         # every page request nginx logged: [seconds since the first, client IP, status]
         "events": [[round(e[0] - start, 3), e[1], e[2]] for e in log],
+        # and the port it came to (a broad crawl's origin)
+        "ports": [int(e[3].rsplit(" ", 1)[-1]) for e in log],
     }
     if change is not None and change.raised_at is not None:
         after = [e for e in log if e[0] >= change.raised_at]
@@ -474,6 +547,8 @@ def main() -> None:
                     "cold, then warm from the cold crawl's EXITLIMIT_STATE_FILE")
     ap.add_argument("--strategy", help="bench/crawl_once.py's strategy instead of the case's "
                     "(exitlimit-redis-*: with a redis-server of its own for the run)")
+    ap.add_argument("--baseline", metavar="STRATEGY", help="before each run, crawl the same "
+                    "case with this strategy (e.g. random-proxy) and report pages/s against it")
     args = ap.parse_args()
     for tool in ("nginx", "tinyproxy"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
@@ -485,11 +560,22 @@ def main() -> None:
         case = dataclasses.replace(case, strategy=args.strategy)
     if args.warm and (case.change_at is not None or case.overload_at is not None):
         raise SystemExit("--warm: a case whose limit stays as it is")
-    runs = []
+    if args.baseline and args.warm:
+        raise SystemExit("--baseline: not with --warm")
+    runs, ratios = [], []
     for k in range(args.repeat):
+        if args.baseline:  # alternated with the strategy's runs: the machine's drift hits both
+            base = run_once(dataclasses.replace(case, strategy=args.baseline), args.timeout,
+                            [], None)[0]
         got = run_once(case, args.timeout, args.set,
                        Path(args.logs) / f"{args.case}.{k}" if args.logs else None, args.warm)
         runs += got
+        if args.baseline:
+            ratio = (got[0]["ok"] / got[0]["wall"]) / (base["ok"] / base["wall"])
+            ratios.append(ratio)
+            print(f"  run {k} {args.baseline}: {base['ok']}/{case.pages} pages, "
+                  f"{base['wall']:.2f}s, statuses {base['status']}; {case.strategy} / "
+                  f"{args.baseline} pages/s {ratio:.3f}", file=sys.stderr)
         for r in got:
             extra = f", after the 503: {r['after_503']}" if "after_503" in r else ""
             if "share_429_after_change" in r:
@@ -499,8 +585,9 @@ def main() -> None:
                   f"{r['share_429']:.2%} (first second: {r['first_second_429']} 429s, "
                   f"{r['first_second_of_capacity']:.2f} of capacity), utilization "
                   f"{r['utilization']:.3f}{extra}", file=sys.stderr)
-    print(f"\nnginx {args.case}: {case.exits} tinyproxy exits, limit_req {case.rate:g} r/s per "
-          f"IP" + (f", {case.site_rate:g} r/s for the site" if case.site_rate else "")
+    print(f"\nnginx {args.case}: {case.exits} tinyproxy exits, "
+          + (f"limit_req {case.rate:g} r/s per IP" if case.rate else "no limit")
+          + (f", {case.site_rate:g} r/s for the site" if case.site_rate else "")
           + (f", RateLimit-Policy {case.policy}" if case.policy else "")
           + (f", one 503 + Retry-After {case.retry_after} at {case.overload_at:g} s"
              if case.overload_at is not None else "")
@@ -517,6 +604,10 @@ def main() -> None:
         print(f"{phase or '-':5} {case.pages:>6} {median['lost']:>5} "
               f"{median['share_429']:>10.2%} {median['wall']:>7.1f} "
               f"{median['utilization']:>12.3f} {median['first_second_of_capacity']:>6.2f}")
+    if ratios:
+        print(f"\n{case.strategy} / {args.baseline}, pages/s, median of {len(ratios)}: "
+              f"{sorted(ratios)[len(ratios) // 2]:.3f} (runs: "
+              + ", ".join(f"{r:.3f}" for r in ratios) + ")")
     if args.json:
         for r in runs:
             r["name"], r["settings"] = args.case, args.set
