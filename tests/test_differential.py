@@ -304,7 +304,9 @@ class Run:
             self.answered[lease.pair] = self.answered.get(lease.pair, 0) + 1
         token = self.tokens.pop(lease.id)
         keys = [self.key("lease", lease.exit_id), self.key("pair", ORIGIN, lease.pair)]
-        args = ["release", token, 1 if answered else 0, repr(slack), repr(interval)]
+        # 2: answered on a cold path, as RedisBackend sends it
+        args = ["release", token, 0 if not answered else 1 if slack else 2, repr(slack),
+                repr(interval)]
         if answered:  # the origin budget and each scope re-anchored, as RedisBackend sends it
             budget = core.origin_state(ORIGIN).budget
             shared = [(self.key("origin", ORIGIN), budget.arrivals, budget.bucket)]

@@ -133,6 +133,24 @@ def test_release_frees_the_lease_and_re_anchors_pacing_on_arrival(script, client
     assert float(client.hget(pair("a"), "tat")) == pytest.approx(released_at + 0.2, abs=1e-5)
 
 
+def test_a_slower_pace_counts_from_a_cold_paths_answer_even_when_released_late(script,
+                                                                           client):
+    """Answered 0.1 s after its admission on a cold path (arrived 2), given back 0.05 s
+    after the answer (batched with the next call): the request may have reached the
+    server as late as the answer, and a slower pace counts from there, not from the
+    admission. Answered on a warm path (arrived 1), from the admission, as before."""
+    for exit_id, arrived in (("a", 2), ("b", 1)):
+        admitted, *_ = admit(script, [exit_id], interval=0.05)
+        time.sleep(0.15)
+        reply = script(keys=[lease(exit_id), pair(exit_id)],
+                       args=["release", "proc:" + ("1" if exit_id == "a" else "2"), arrived,
+                             0.05, 0.05])
+        answered = float(reply) - 0.05
+        now, wait, *_ = admit(script, [exit_id], interval=1.0, first_id=3)  # 20 -> 1 r/s
+        anchor = answered if arrived == 2 else admitted
+        assert wait == pytest.approx(anchor + 1.0, abs=2e-3), exit_id
+
+
 def test_cooldown_latest_deadline_wins_and_holds_the_bucket(script, client):
     script(keys=[pair("a")], args=["hold", "cool", 30.0, 0.0])
     left = float(script(keys=[pair("a")], args=["hold", "cool", 5.0, 0.0]))

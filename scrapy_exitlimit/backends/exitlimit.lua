@@ -47,21 +47,22 @@ local function presence(pk, id, ttl)
 end
 
 -- give back lease `token`; `arrived` 1: the request reached the server as late as
--- now - back, so the pair's next request goes an interval after that (back 0, a cold
--- path: as late as now, which a slower pace counts from too, `arr`). An empty token
--- gives nothing back: a request sent late re-anchors a shared budget (pk) alone
+-- now - back, so the pair's next request goes an interval after that; 2: the same on a
+-- cold path (back is only how late this call is), which a slower pace counts from too
+-- (`arr`). An empty token gives nothing back: a request sent late re-anchors a shared
+-- budget (pk) alone
 local function release(lk, pk, token, arrived, back, interval)
   if token ~= '' then
     redis.call('ZREM', lk, token)
   end
-  if arrived == '1' and redis.call('EXISTS', pk) == 1 then
+  if arrived ~= '0' and redis.call('EXISTS', pk) == 1 then
     local when = now - tonumber(back) + tonumber(interval)
     local f = redis.call('HMGET', pk, 'tat', 'arr')
     if when > num(f[1], NEG) then
       redis.call('HSET', pk, 'tat', f6(when))
     end
-    if tonumber(back) == 0 and now > num(f[2], NEG) then
-      redis.call('HSET', pk, 'arr', f6(now))
+    if arrived == '2' and now - tonumber(back) > num(f[2], NEG) then
+      redis.call('HSET', pk, 'arr', f6(now - tonumber(back)))
     end
   end
 end

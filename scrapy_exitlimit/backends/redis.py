@@ -1112,10 +1112,12 @@ class RedisBackend(Backend):
             pair = self.limiter.pair_state(lease.origin, lease.exit_id)
             lease_key, token, now = self._key("lease", lease.exit_id), self._token(lease_id), \
                 self.clock()
+            slack = self.limiter.arrival_slack(pair)
+            # 2: answered on a cold path (no slack known), as late as its answer
+            arrived = 0 if not answered else 1 if slack else 2
             self._releases.append((
                 [lease_key, self._key("pair", lease.origin, self.limiter.pair_key(lease.exit_id))],
-                (token, 1 if answered else 0, now, self.limiter.arrival_slack(pair),
-                 repr(pair.bucket.interval))))
+                (token, arrived, now, slack, repr(pair.bucket.interval))))
             if answered:
                 # the origin budget's and each scope's next token an interval after the
                 # request surely arrived (``bucket.ArrivalFloor``): a release of the same
