@@ -56,13 +56,14 @@ local function release(lk, pk, token, arrived, back, interval)
     redis.call('ZREM', lk, token)
   end
   if arrived ~= '0' and redis.call('EXISTS', pk) == 1 then
-    local when = now - tonumber(back) + tonumber(interval)
+    local at = now - tonumber(back)
+    local when = at + tonumber(interval)
     local f = redis.call('HMGET', pk, 'tat', 'arr')
     if when > num(f[1], NEG) then
       redis.call('HSET', pk, 'tat', f6(when))
     end
-    if arrived == '2' and now - tonumber(back) > num(f[2], NEG) then
-      redis.call('HSET', pk, 'arr', f6(now - tonumber(back)))
+    if arrived == '2' and at > num(f[2], NEG) then
+      redis.call('HSET', pk, 'arr', f6(at))
     end
   end
 end

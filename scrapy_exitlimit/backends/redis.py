@@ -1115,9 +1115,8 @@ class RedisBackend(Backend):
             slack = self.limiter.arrival_slack(pair)
             # 2: answered on a cold path (no slack known), as late as its answer
             arrived = 0 if not answered else 1 if slack else 2
-            self._releases.append((
-                [lease_key, self._key("pair", lease.origin, self.limiter.pair_key(lease.exit_id))],
-                (token, arrived, now, slack, repr(pair.bucket.interval))))
+            self._releases.append(([lease_key, self._pair_hash(lease)],
+                                   (token, arrived, now, slack, repr(pair.bucket.interval))))
             if answered:
                 # the origin budget's and each scope's next token an interval after the
                 # request surely arrived (``bucket.ArrivalFloor``): a release of the same
@@ -1127,6 +1126,10 @@ class RedisBackend(Backend):
                         token, 1, now, arrivals.slack, repr(interval))))
             self._arm_flush()
         return lease
+
+    def _pair_hash(self, lease: Lease) -> str:
+        """The Redis key of the pair a lease was granted on."""
+        return self._key("pair", lease.origin, self.limiter.pair_key(lease.exit_id))
 
     def _shared_budgets(self, lease: Lease) -> list[tuple[str, ArrivalFloor, float]]:
         """The budgets every exit shares that ``lease`` took a token from (the origin's,
@@ -1172,9 +1175,7 @@ class RedisBackend(Backend):
             budgets = [(key, interval) for key, _, interval in self._shared_budgets(lease)]
             if pairs_too and now - lease.admitted_at > HELD_LATE:
                 pair = self.limiter.pair_state(lease.origin, lease.exit_id)
-                budgets.append((self._key("pair", lease.origin,
-                                          self.limiter.pair_key(lease.exit_id)),
-                                pair.bucket.interval))
+                budgets.append((self._pair_hash(lease), pair.bucket.interval))
             for key, interval in budgets:
                 # an empty token: nothing given back, the budget's hash re-anchored alone
                 anchors.append(([key, key], ("", 1, now, 0.0, repr(interval))))

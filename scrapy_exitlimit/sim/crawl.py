@@ -4,10 +4,11 @@ No sockets, no sleeping: time is a number this module advances. The crawl
 feeds the limiter exactly what the middleware does (admission, then on each
 answer the feedback call and the lease release; 429s and bans re-issued, never
 lost) and models what Scrapy and the network add: ``CONCURRENT_REQUESTS``
-(parked requests hold a slot), a client that handles one answer at a time
-(``cpu`` seconds each, ``send`` of them before the request leaves: a request
-admitted while the client is busy goes out late), one-way latency with jitter
-on the way to the origin, dead proxies that refuse connections. Deterministic for a given seed.
+(parked requests hold a slot), a client that does one thing at a time
+(``cpu`` seconds per request, ``send`` of them before it leaves, so a request
+admitted while the client is busy goes out late, the rest on its answer),
+one-way latency with jitter on the way to the origin, dead proxies that refuse
+connections. Deterministic for a given seed.
 """
 
 from __future__ import annotations
