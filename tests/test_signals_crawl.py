@@ -50,11 +50,15 @@ async def test_one_503_pauses_the_whole_origin_for_its_retry_after_and_loses_not
     # requests already on their way when the 503 was sent may still arrive; then none
     # on any exit until the Retry-After is over
     assert not [t for t, _ in events if at + 0.1 < t < at + 0.95]
-    # ... and after it, not starved: the budget restarts at half the 20 r/s admitted
-    # over the last second before the 503, 10 r/s (divided by the crawl's age, 2 s, it
-    # was 5), holds that for a second, then grows back
+    # ... and after it, not starved: the budget restarts at half the rate admitted over
+    # the last second before the 503 (20 r/s: 10; divided by the crawl's age, 2 s, it was
+    # 5), holds that for a second, then grows back. Counted against what the origin saw
+    # in that second, not against 20: a CI run on 2.13 whose crawl started slow saw 12
+    # there, and restarted at 6
+    second_before = [t for t, status in events if status == 200 and at - 1.0 <= t < at]
+    assert len(second_before) >= 8
     first_second = [t for t, status in events if status == 200 and at + 1.1 <= t < at + 2.1]
-    assert 7 <= len(first_second) <= 12
+    assert 0.35 * len(second_before) <= len(first_second) <= 0.6 * len(second_before) + 1
 
 
 @pytest_twisted.ensureDeferred
