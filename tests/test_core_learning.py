@@ -17,7 +17,12 @@ from scrapy_exitlimit.core import (
 )
 from scrapy_exitlimit.core.health import START_LIMIT, CpuLoad
 from scrapy_exitlimit.core.learner import SLOW_RESOLUTION, OriginLearner, PairLearning
-from scrapy_exitlimit.core.learning import CEILING_DRIFT, CEILING_DRIFT_MIN, REPROBE_AFTER
+from scrapy_exitlimit.core.learning import (
+    CEILING_DRIFT,
+    CEILING_DRIFT_MIN,
+    CONVERGED,
+    RESOLUTION,
+)
 
 from .conftest import FakeClock
 
@@ -101,18 +106,51 @@ def test_re_probes_that_find_the_ceiling_where_it_was_come_less_often():
 def test_a_pool_quiet_for_a_while_probes_above_its_last_429():
     # converged under a 429 at 5.0; the ceiling drifts while clean. A pair's own estimate
     # probes the middle of the gap the drift reopened (its steps walk up to the 429
-    # again); the pool's, after REPROBE_AFTER s without a 429, probes at the drifted
-    # ceiling itself, above the 429: a clean answer there says the limit was raised
+    # again); the pool's waits until the ceiling has drifted 2 x RESOLUTION past the 429
+    # (8 s at first), then probes there, above the 429: a clean answer there says the
+    # limit was raised
     own = RateEstimate(4.9, hi=5.0, seen=5.0, settled=True)
     pool = RateEstimate(4.9, hi=5.0, seen=5.0, settled=True, reprobe_above=True)
+    reprobe_after = CONVERGED * RESOLUTION / CEILING_DRIFT
     for est in (own, pool):
-        est.drift(REPROBE_AFTER / 2)
+        est.drift(reprobe_after / 2)
         assert est.target() == 4.9  # converged still
-        est.drift(REPROBE_AFTER / 2)
-    assert own.target() == pytest.approx(math.sqrt(4.9 * own.hi))
-    assert pool.target() == pytest.approx(pool.hi) and pool.hi > 5.0
-    pool.confirmed(pool.target(), now=REPROBE_AFTER)
+        est.drift(reprobe_after / 2 - 0.5)
+    # the gap reopened: the pair's own probes in it, at or above its 429 (5.0)...
+    assert own.target() == pytest.approx(math.sqrt(4.9 * own.hi)) and own.target() >= 5.0
+    assert pool.target() == 4.9  # ... the pool's does not test that 429 again
+    for est in (own, pool):
+        est.drift(0.5)
+    assert pool.target() == pytest.approx(pool.hi) and pool.hi >= 5.0 * 1.06
+    pool.confirmed(pool.target(), now=10)
     assert pool.hi is None and pool.target() == pytest.approx(2 * pool.lo)  # slow start
+
+
+def test_a_settled_pool_still_probes_well_under_its_last_429():
+    # converged at 4.89 under a 429 at 5.15 (5.3 % apart): as the ceiling drifts, the
+    # gap reopens and its middle (5.04, 2 % under the 429) is worth a probe; at 1.0
+    # under a 429 at 1.037 the middle (1.03) is within half a resolution of it: not
+    pool = RateEstimate(4.89, hi=5.15, seen=5.15, settled=True, reprobe_above=True)
+    pool.drift(1.0)
+    assert 4.89 < pool.target() < 5.15 * (1 - RESOLUTION / 2)
+    close = RateEstimate(1.0, hi=1.037, seen=1.037, settled=True, reprobe_above=True)
+    close.drift(3.5)
+    assert not close.converged and close.target() == 1.0
+
+
+def test_a_pool_429_under_its_last_one_does_not_slow_re_probing():
+    # the end of a bisection (a 429 at 2.07 under one at 2.12) is the limit found, not
+    # a re-probe that found it where it was: the next re-probe comes as soon as ever,
+    # so a limit raised meanwhile is found 8 s after that 429, not 16
+    pool = RateEstimate(2.0, hi=2.12, seen=2.12, settled=True, reprobe_above=True)
+    pool.drift(0.5)
+    pool.rejected(2.07, now=1)
+    assert pool.drift_rate == CEILING_DRIFT and pool.seen == 2.07
+    pool.settled = True
+    pool.drift(CONVERGED * RESOLUTION / CEILING_DRIFT)
+    assert pool.target() == pytest.approx(pool.hi) and pool.hi > 2.07
+    pool.rejected(pool.target(), now=10)  # a re-probe above it: the ceiling held
+    assert pool.drift_rate == CEILING_DRIFT / 2 and pool.seen == 2.07
 
 
 def test_a_confirmed_rate_above_the_last_429_resumes_slow_start():

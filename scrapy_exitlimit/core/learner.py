@@ -854,7 +854,7 @@ def raised(before: float, after: float, was_proven: bool) -> str | None:
 
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "proven", "seen",
-                    "drift_rate", "climbs", "settled", "quiet", "resolution")
+                    "drift_rate", "climbs", "settled", "resolution")
 
 
 def estimate_data(est: RateEstimate) -> dict[str, Any]:
