@@ -356,6 +356,47 @@ def test_a_checker_is_an_exit_the_origin_has_answered(seed):
     assert ostate.scout not in (None, scout, dead)
 
 
+def admit_from(lim, clock, at):
+    """The first admission at ``at`` or, when nothing is ready then, when one is."""
+    clock.now = max(clock.now, at)
+    got = lim.try_admit(SITE)
+    if not isinstance(got, Lease):
+        clock.now = got
+        got = lim.try_admit(SITE)
+    return got
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_start_rate_found_too_high_is_proven_by_the_exit_that_went_longest_ago(seed):
+    """While the start rate is unproven every exit but the scout waits for it: after the
+    scout's 429 and a check that agrees, the next scout is the exit that can send at the
+    halved rate soonest, not any (nginx, broad: one picked among the last to go held its
+    origin a second longer, and the crawl ended a second later)."""
+    clock = FakeClock(0.0)
+    exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(5)]
+    lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
+                  tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+    went = {}
+    for _ in range(5):  # first requests 0.1 s apart, as a crawl's start spreads them
+        lease = lim.try_admit(SITE)
+        went[lease.exit_id] = clock.now
+        answer(lim, clock, lease)
+        clock.now = round(clock.now, 1) + 0.1
+    ostate = lim.origin_state(SITE)
+    scout = ostate.scout
+    probe = admit_from(lim, clock, went[scout] + 0.5)
+    assert probe.exit_id == scout
+    answer(lim, clock, probe, status=429)
+    checker = ostate.scout
+    others = sorted((t, e) for e, t in went.items() if e != scout)
+    assert checker == others[0][1]  # the first to go after the scout checks
+    check = admit_from(lim, clock, went[checker] + 0.5)
+    assert check.exit_id == checker
+    answer(lim, clock, check, status=429)
+    assert not ostate.learner.pool.proven and ostate.learner.pool.lo == 1.0
+    assert ostate.scout == others[1][1]  # the next to go: it may send again first
+
+
 def test_a_start_rate_above_the_limit_draws_one_429_per_exit_that_tries_it():
     lim, clock = learner(3)
     leases = [lim.try_admit(SITE) for _ in range(3)]
@@ -416,7 +457,8 @@ def test_a_ceiling_two_slow_exits_agreed_on_is_dropped_once_both_prove_slow():
     # past it only once the two slow exits proved slower than the pool
     lim, clock = learner(4, start_rate=2.0)
     server = dict.fromkeys(lim.exits, 5.0)
-    slow = ["127.0.0.1:9000", "127.0.0.1:9003"]  # (the first scout, and rng 3's checker)
+    # (the first scout, and its checker: the exit that went first after it)
+    slow = ["127.0.0.1:9000", "127.0.0.1:9001"]
     server.update(dict.fromkeys(slow, 1.0))
     _, _, events = drive(lim, clock, server, 12.0)
     details = [e.detail for e in events]

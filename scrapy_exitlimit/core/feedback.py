@@ -171,7 +171,14 @@ class FeedbackLaws:
         # one that has had an answer from the origin: a dead proxy (no answer yet, its
         # faults not yet enough to evict it) would hold a discovery for seconds
         answered = [e for e in choices if origin_state.pairs[pair_key(e)].proven]
-        chosen = self.rng.choice(answered or choices)
+        candidates = answered or choices
+        if not origin_state.learner.pool.proven:
+            # while a start rate is unproven every other exit waits for the scout's next
+            # request: the one that went longest ago, as it can send soonest (nginx,
+            # broad: a scout picked among the last to go held its origin ~1 s longer)
+            went = {e: origin_state.pairs[pair_key(e)].last_admit for e in candidates}
+            candidates = [e for e in candidates if went[e] == min(went.values())]
+        chosen = self.rng.choice(candidates)
         pair = origin_state.pairs[pair_key(chosen)]
         pair.learning.confirmations, pair.learning.confirmed_rate = 0, math.inf
         origin_state.learner.scout_since = now
