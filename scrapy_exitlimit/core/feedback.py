@@ -177,7 +177,8 @@ class FeedbackLaws:
             # request: the one that went longest ago, as it can send soonest (nginx,
             # broad: a scout picked among the last to go held its origin ~1 s longer)
             went = {e: origin_state.pairs[pair_key(e)].last_admit for e in candidates}
-            candidates = [e for e in candidates if went[e] == min(went.values())]
+            first = min(went.values())
+            candidates = [e for e in candidates if went[e] == first]
         chosen = self.rng.choice(candidates)
         pair = origin_state.pairs[pair_key(chosen)]
         pair.learning.confirmations, pair.learning.confirmed_rate = 0, math.inf

@@ -136,9 +136,8 @@ class RateEstimate:
         rate = max(rate, self.floor)
         # (a settled pool probes above the last 429 only: a 429 under it is the limit
         # found again, or lower, and probing less often would find a raised one late)
-        near = self.seen * (1.0 if self.reprobe_above else 1 - RESOLUTION) \
-            if self.seen is not None else math.inf
-        if self.settled and rate >= near:
+        if self.settled and self.seen is not None and \
+                rate >= self.seen * (1.0 if self.reprobe_above else 1 - RESOLUTION):
             # a re-probe found the ceiling where it was: probe less often (and it is
             # where the last 429 put it, not at a probe above that)
             self.drift_rate = max(self.drift_rate / 2, CEILING_DRIFT_MIN)
