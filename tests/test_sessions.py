@@ -17,7 +17,7 @@ from scrapy_exitlimit.middleware import exit_ip
 from scrapy_exitlimit.sessions import StickySessions
 
 from .conftest import FakeClock
-from .crawling import QUIET, crawl_lab
+from .crawling import CALLBACK_DELAY, QUIET, crawl_lab
 
 ORIGIN = "http://o"
 
@@ -274,7 +274,8 @@ async def test_sticky_sessions_stay_on_their_exit():
     assert not spider.failed
     assert len(spider.served["a"]) == len(spider.served["b"]) == 12
     assert len(set(spider.served["a"])) == 1 and len(set(spider.served["b"])) == 1
-    assert lab.origin.total(429) == 0
+    # 18 r/s under 20: none, but the rare 429 CALLBACK_DELAY describes (CI on 2.13: 2)
+    assert lab.origin.total(429) <= (2 if CALLBACK_DELAY else 0)
 
 
 @pytest_twisted.ensureDeferred

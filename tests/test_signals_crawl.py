@@ -35,18 +35,27 @@ async def test_one_503_pauses_the_whole_origin_for_its_retry_after_and_loses_not
     # allows 50 % more per IP (the lab shares our event loop and its stamps jitter). On
     # Scrapy < 2.18 CI drew one 429 at exactly the limit, two at 10 % more, one at 20 %
     # and two at 50 %: not a matter of room, but the rare 429 CALLBACK_DELAY describes;
-    # none on 2.18 and later, none in 25 runs here on 2.13.4 with both cores kept busy
-    lab = Lab(exits=2, origin=OriginConfig(
-        rate=15, status_at=[ScheduledAnswer(2.0, 503, retry_after=1)]))
-    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 10}, 80)
+    # none on 2.18 and later, none in 25 runs here on 2.13.4 with both cores kept busy.
+    # The premise is a crawl in full swing when the 503 comes: 8 or more pages in the
+    # second before it. A CI run on 2.13 saw none there (the lab shares our event loop,
+    # and that loop froze for over a second); a run whose premise fails is run again,
+    # twice at most
+    for _attempt in range(3):
+        lab = Lab(exits=2, origin=OriginConfig(
+            rate=15, status_at=[ScheduledAnswer(2.0, 503, retry_after=1)]))
+        crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 10}, 80)
+        events = all_events(lab)
+        at = next(t for t, status in events if status == 503)
+        second_before = [t for t, status in events if status == 200 and at - 1.0 <= t < at]
+        if len(second_before) >= 8:
+            break
+    assert len(second_before) >= 8
     stats = crawler.stats.get_stats()
     assert len(crawler.spider.ok) == 80 and not crawler.spider.failed
     assert lab.origin.total(503) == 1
     assert lab.origin.total(429) <= (2 if CALLBACK_DELAY else 0)
     assert stats["exitlimit/overload"] == stats["exitlimit/origin_slowed"] == 1
     assert stats["exitlimit/reissued"] == 1 + lab.origin.total(429)  # each page again
-    events = all_events(lab)
-    at = next(t for t, status in events if status == 503)
     # requests already on their way when the 503 was sent may still arrive; then none
     # on any exit until the Retry-After is over
     assert not [t for t, _ in events if at + 0.1 < t < at + 0.95]
@@ -55,8 +64,6 @@ async def test_one_503_pauses_the_whole_origin_for_its_retry_after_and_loses_not
     # 5), holds that for a second, then grows back. Counted against what the origin saw
     # in that second, not against 20: a CI run on 2.13 whose crawl started slow saw 12
     # there, and restarted at 6
-    second_before = [t for t, status in events if status == 200 and at - 1.0 <= t < at]
-    assert len(second_before) >= 8
     first_second = [t for t, status in events if status == 200 and at + 1.1 <= t < at + 2.1]
     assert 0.35 * len(second_before) <= len(first_second) <= 0.6 * len(second_before) + 1
 
