@@ -892,7 +892,10 @@ class RedisBackend(Backend):
             at = float(at)
             c = candidates[int(index) - 1]
             self._used(origin, c)
-            lease = limiter.grant(origin, c.exit_id, at or redis_now, float(gap),
+            # (the script's "never admitted" is -1e18: a gap that large is a first one)
+            gap = float(gap)
+            gap = gap if gap < 1e17 else math.inf
+            lease = limiter.grant(origin, c.exit_id, at or redis_now, gap,
                                   lease_id=first_id + i, scopes=scopes)
             self._shared_leases.add(lease.id)
             leases.append((at, lease))

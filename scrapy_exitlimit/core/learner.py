@@ -103,6 +103,11 @@ class PairLearning:
     #: when the pair's latest clean request was admitted: a per-IP limit counts the
     #: spacing from the last request it accepted, so that is the gap that matters
     last_clean: float = -math.inf
+    #: a shared backend: the latest admission on the pair another process made (its
+    #: answer unknown here: counted as accepted, as most are). Seeing every third
+    #: request of a pair, a process would judge a 429 at the pair's pace as coming
+    #: three intervals after the last accepted one, and blame the site
+    last_foreign: float = -math.inf
     #: recent (time, gap since the previous clean request) of clean answers
     clean_gaps: deque[tuple[float, float]] = field(
         default_factory=lambda: deque(maxlen=CLEAN_GAPS))
@@ -482,13 +487,14 @@ class OriginLearner(SharedRateLearner):
     def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                   gap: float, margin: float, admitted_at: float, site_gap: float, now: float,
                   configured: bool, site_margin: float = 0.0, anchored: float = 0.0,
-                  spread: float = 0.0) -> list[Event]:
+                  spread: float = 0.0, foreign_before: float = -math.inf) -> list[Event]:
         """A clean answer to a request admitted at pair pace ``rate``, ``gap`` after the
         pair's previous one (``margin``: what pacing adds to every 1/rate interval: the
         safety margin and the arrival spread; ``anchored``: how far the answer before it
         pushed the pair's next token on, re-anchoring pacing on when it arrived;
         ``spread``: how much later than the fastest its answers come), ``site_gap`` after
-        the origin's previous one."""
+        the origin's previous one; ``foreign_before``: another process's latest admission
+        on the pair before it (a shared backend)."""
         self._answered(now, admitted_at, True)
         # what the pair really achieved: its pacing rate, or less when something else
         # (its concurrency, latency, demand, the site budget) spaced the requests wider.
@@ -509,7 +515,8 @@ class OriginLearner(SharedRateLearner):
         if achieved >= rate * 0.95:  # the rate itself ran clean
             pl.rate_streak = 0
         if admitted_at > pl.last_clean:
-            pl.clean_gaps.append((now, admitted_at - pl.last_clean))
+            previous = max(pl.last_clean, foreign_before)
+            pl.clean_gaps.append((now, admitted_at - previous))
             pl.last_clean = admitted_at
         events = self._confirm_pair(origin, exit_id, pl, achieved, admitted_at, now,
                                     configured, spread)
@@ -574,7 +581,8 @@ class OriginLearner(SharedRateLearner):
                      gap: float, admitted_at: float, now: float,
                      slack: float, origin_slack: Callable[[], float] = lambda: 0.0,
                      pick_scout: Callable[[Sequence[str]], str | None],
-                     scopes: Sequence[tuple[str, SharedRateLearner]] = ()) -> list[Event]:
+                     scopes: Sequence[tuple[str, SharedRateLearner]] = (),
+                     foreign_before: float = -math.inf) -> list[Event]:
         """A 429 to a request admitted at pair pace ``rate``, ``gap`` after the pair's
         previous one: decide which scope it points at, and learn there.
 
@@ -586,12 +594,14 @@ class OriginLearner(SharedRateLearner):
         whose rates are learned (``scopes``: id and learner), at those scopes.
         ``origin_slack()``: the widest arrival jitter any of the origin's pairs saw (what
         a scout's 429 proves); asked only for a scout's 429, as it walks every pair.
+        ``foreign_before``: another process's latest admission on the pair before this
+        one (a shared backend), counted as accepted.
         """
         self._answered(now, admitted_at, False)
         pl.last_429 = now
         pl.confirmations, pl.confirmed_rate = 0, math.inf
         self.site_confirmations, self.site_gaps = 0, 0.0  # no site probe is clean now
-        clean_gap = admitted_at - pl.last_clean
+        clean_gap = admitted_at - max(pl.last_clean, foreign_before)
         # (a pair's first clean request has no gap: until it has one, the pool's proven
         # rate says what pace per IP the site takes; without either, it is the pair's)
         recent = [g for at, g in pl.clean_gaps if now - at <= RECENT and math.isfinite(g)]

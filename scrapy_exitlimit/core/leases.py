@@ -25,6 +25,9 @@ class Lease:
     #: the named scopes whose tokens it took, and each one's gap since its previous one
     scopes: tuple[Scope, ...] = ()
     scope_gaps: tuple[float, ...] = ()
+    #: a shared backend: when another process last admitted a request on the pair before
+    #: this one, as far as this process knows (-inf: none it knows of)
+    foreign_before: float = -math.inf
 
 
 class LeaseTable:

@@ -315,6 +315,9 @@ class Limiter:
         pair.bucket.consume(now)  # keeps the local schedule close, for a fallback
         for bucket in self.scopes.budgets(scopes, now):
             bucket.consume(now)
+        previous = now - gap
+        if previous > pair.last_admit + 1e-6:  # another process's admission, not ours
+            pair.learning.last_foreign = max(pair.learning.last_foreign, previous)
         return self._grant(origin_state, self.exits[exit_id], pair, now, gap, lease_id,
                            scopes=scopes)
 
@@ -335,7 +338,7 @@ class Limiter:
         scope_gaps = self.scopes.admitted(scopes, exit_id, now) if scopes else ()
         lease = Lease(lease_id, origin_state.key, exit_id, now, rate, gap,
                       exit_state.in_flight >= exit_state.limit, self.pair_key(exit_id), site_gap,
-                      tuple(scopes), scope_gaps)
+                      tuple(scopes), scope_gaps, pair.learning.last_foreign)
         self.leases.add(lease)
         return lease
 
