@@ -154,9 +154,10 @@ def one_of_three_processes(foreign: bool) -> Limiter:
 
 def test_a_shared_pairs_429s_are_judged_by_every_processs_admissions_not_this_ones():
     # three processes on one Redis each see a third of a pair's requests: a 429 at the
-    # pair's pace then looks as late after its last clean request as clean ones came,
-    # and two exits' such 429s took a per-IP origin for a site-wide one (the site rate
-    # started from this process's share: one shared benchmark run at 0.085 of capacity)
+    # pair's pace then looks surely later after its last clean request than clean ones
+    # came, and two exits' such 429s took a per-IP origin for a site-wide one (the site
+    # rate started from this process's share: one shared benchmark run at 0.085 of
+    # capacity). Later than the other processes' admission too, it would be
     assert one_of_three_processes(foreign=True).origin_state(SITE).learner.site is None
     # the same gaps in one process are the site's doing: what tells the two apart is
     # the other processes' admissions

@@ -92,7 +92,7 @@ class FeedbackLaws:
             lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             margin=pair.bucket.margin, anchored=pair.anchored, spread=pair.spread,
             admitted_at=lease.admitted_at, site_gap=lease.site_gap, now=now,
-            site_margin=origin_state.budget.pacing_margin, foreign_before=lease.foreign_before,
+            site_margin=origin_state.budget.pacing_margin,
             configured=self.state.configured_rate(lease.origin, lease.exit_id) is not None)
         self._learned(out, lease.origin, learned)
         for scope, gap in zip(lease.scopes, lease.scope_gaps, strict=True):

@@ -104,9 +104,8 @@ class PairLearning:
     #: spacing from the last request it accepted, so that is the gap that matters
     last_clean: float = -math.inf
     #: a shared backend: the latest admission on the pair another process made (its
-    #: answer unknown here: counted as accepted, as most are). Seeing every third
-    #: request of a pair, a process would judge a 429 at the pair's pace as coming
-    #: three intervals after the last accepted one, and blame the site
+    #: answer unknown here). Seeing every third request of a pair, a process would
+    #: judge a 429 at the pair's pace as surely later than any clean one, the site's
     last_foreign: float = -math.inf
     #: recent (time, gap since the previous clean request) of clean answers
     clean_gaps: deque[tuple[float, float]] = field(
@@ -487,14 +486,13 @@ class OriginLearner(SharedRateLearner):
     def succeeded(self, origin: str, exit_id: str, pl: PairLearning, *, rate: float,
                   gap: float, margin: float, admitted_at: float, site_gap: float, now: float,
                   configured: bool, site_margin: float = 0.0, anchored: float = 0.0,
-                  spread: float = 0.0, foreign_before: float = -math.inf) -> list[Event]:
+                  spread: float = 0.0) -> list[Event]:
         """A clean answer to a request admitted at pair pace ``rate``, ``gap`` after the
         pair's previous one (``margin``: what pacing adds to every 1/rate interval: the
         safety margin and the arrival spread; ``anchored``: how far the answer before it
         pushed the pair's next token on, re-anchoring pacing on when it arrived;
         ``spread``: how much later than the fastest its answers come), ``site_gap`` after
-        the origin's previous one; ``foreign_before``: another process's latest admission
-        on the pair before it (a shared backend)."""
+        the origin's previous one."""
         self._answered(now, admitted_at, True)
         # what the pair really achieved: its pacing rate, or less when something else
         # (its concurrency, latency, demand, the site budget) spaced the requests wider.
@@ -515,8 +513,7 @@ class OriginLearner(SharedRateLearner):
         if achieved >= rate * 0.95:  # the rate itself ran clean
             pl.rate_streak = 0
         if admitted_at > pl.last_clean:
-            previous = max(pl.last_clean, foreign_before)
-            pl.clean_gaps.append((now, admitted_at - previous))
+            pl.clean_gaps.append((now, admitted_at - pl.last_clean))
             pl.last_clean = admitted_at
         events = self._confirm_pair(origin, exit_id, pl, achieved, admitted_at, now,
                                     configured, spread)
@@ -595,13 +592,13 @@ class OriginLearner(SharedRateLearner):
         ``origin_slack()``: the widest arrival jitter any of the origin's pairs saw (what
         a scout's 429 proves); asked only for a scout's 429, as it walks every pair.
         ``foreign_before``: another process's latest admission on the pair before this
-        one (a shared backend), counted as accepted.
+        one (a shared backend).
         """
         self._answered(now, admitted_at, False)
         pl.last_429 = now
         pl.confirmations, pl.confirmed_rate = 0, math.inf
         self.site_confirmations, self.site_gaps = 0, 0.0  # no site probe is clean now
-        clean_gap = admitted_at - max(pl.last_clean, foreign_before)
+        clean_gap = admitted_at - pl.last_clean
         # (a pair's first clean request has no gap: until it has one, the pool's proven
         # rate says what pace per IP the site takes; without either, it is the pair's)
         recent = [g for at, g in pl.clean_gaps if now - at <= RECENT and math.isfinite(g)]
@@ -611,6 +608,13 @@ class OriginLearner(SharedRateLearner):
             reference = 1.0 / self.pool.lo
         closer = clean_gap < reference * CLEARLY_CLOSER - slack
         wider = clean_gap > reference * (1 + RESOLUTION / 2) + slack
+        if foreign_before > pl.last_clean:
+            # (a shared pair: this process sees a share of its requests, and its own gaps
+            # run wide; later than a clean one only if also after the other processes'
+            # admission, counted as accepted, as most are: three processes' 429s at the
+            # pair's pace on two exits had read as the site's, its rate one process's share)
+            wider = wider and admitted_at - foreign_before > reference * (1 + RESOLUTION / 2) \
+                + slack
         if math.isfinite(clean_gap):
             # the server now refuses this spacing from this pair: the clean gaps as close
             # as this one that came before no longer show that it takes it (a per-IP limit
