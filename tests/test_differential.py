@@ -245,7 +245,7 @@ class Run:
         reply = self.call(keys, args) if candidates else [repr(now), "inf", 0, "0"]
         script_wait = float(reply[1])
         script = [(candidates[int(i) - 1], float(gap))
-                  for i, gap in zip(reply[4::3], reply[5::3], strict=True)]
+                  for i, gap in zip(reply[4::4], reply[5::4], strict=True)]
         assert [e for e, _ in script] == [lease.exit_id for lease in granted], (
             f"at {now}: the script granted {script}, the core {granted}")
         for (_, gap), lease in zip(script, granted, strict=True):

@@ -47,7 +47,7 @@ class Pool:
             args += [repr(self.interval), repr(self.tol), self.limit, 1]
         reply = self.script(keys=keys, args=args)
         now = float(reply[0])
-        for i, (index, reserved) in enumerate(zip(reply[4::3], reply[6::3], strict=True)):
+        for i, (index, reserved) in enumerate(zip(reply[4::4], reply[7::4], strict=True)):
             at = float(reserved) or now  # a reserved lease is sent at its time
             e = exits[int(index) - 1]
             assert at >= self.blocked_until[e] - EPS, "admitted during a cooldown or ban"

@@ -181,8 +181,8 @@ class ScriptPool:
         reply = self.script(keys=keys, args=args)
         after = self.snapshot()
         now = float(reply[0])
-        granted = [exits[int(i) - 1] for i in reply[4::3]]
-        assert all(float(at) == 0 for at in reply[6::3])  # all now: nothing reserved
+        granted = [exits[int(i) - 1] for i in reply[4::4]]
+        assert all(float(at) == 0 for at in reply[7::4])  # all now: nothing reserved
         k = len(granted)
         budgets = [("origin", oint)] + ([("acct", aint)] if scoped else [])
         for name, interval in budgets:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -208,6 +209,38 @@ async def test_a_learned_site_rate_is_shared_and_paces_the_origin_in_the_script(
         two.limiter.plan(origin)
         assert shared.budget.bucket is not None
         assert shared.budget.bucket.rate == pytest.approx(site.target())
+    finally:
+        await one.close()
+        await two.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_site_gap_and_the_pair_gap_count_the_other_processes_admissions(redis_url):
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    # each process sees a share of the origin's traffic: its own gaps would read the
+    # site's pace as that share, and a learned site rate, confirmed only at the pace
+    # that went through, would never rise
+    settings = Settings({"EXITLIMIT_EXITS": EXITS[:1], "EXITLIMIT_RATE": 1000,
+                         **redis_crawl_settings(redis_url)})
+    one, two = _two_processes(settings)
+    origin = "http://o"
+    try:
+        first = (await admit(one, origin)).leases[0]
+        assert first.site_gap == first.gap == math.inf  # the origin's first admission
+        one.success(first, 0.001)
+        one.release(first.id)
+        await _drain(one)
+        leases = []
+        for _ in range(5):  # two has admitted nothing yet: once its pacing allows
+            leases = (await admit(two, origin)).leases
+            if leases:
+                break
+            await deferLater(reactor, 0.2, lambda: None)
+        second = leases[0]
+        assert 0 < second.site_gap < 5.0 and 0 < second.gap < 5.0
+        assert second.foreign_before == pytest.approx(second.admitted_at - second.gap)
     finally:
         await one.close()
         await two.close()

@@ -48,7 +48,7 @@ def admit(script, exits, *, want=1, interval=0.2, tol=0.0, limit=8, ttl=15.0, fi
         args += [interval, tol, limit, 1]
     reply = script(keys=keys, args=args)
     now, wait, blocked, version = float(reply[0]), float(reply[1]), int(reply[2]), reply[3]
-    granted = [(exits[int(i) - 1], float(g)) for i, g in zip(reply[4::3], reply[5::3],
+    granted = [(exits[int(i) - 1], float(g)) for i, g in zip(reply[4::4], reply[5::4],
                                                               strict=True)]
     return now, wait, blocked, version, granted
 
@@ -194,6 +194,23 @@ def test_gap_is_the_time_since_the_pairs_previous_admission(script):
     assert 0 <= granted[0][1] < 1.0
 
 
+def test_the_origin_gap_counts_every_exits_and_every_callers_admissions(script, client):
+    def origin_gaps(exits, first_id):
+        keys, args = [ORIGIN, LEARN], ["admit", 1, "proc", first_id, 15.0, 0.0, 0.0, 0, 0.0, 0]
+        for e in exits:
+            keys += [pair(e), lease(e), exit_key(e)]
+            args += [0.0001, 0.0, 8, 1]
+        reply = script(keys=keys, args=args)
+        return float(reply[0]), [float(g) for g in reply[6::4]]
+
+    first_at, first = origin_gaps(["a"], 1)
+    assert first[0] > 1e9  # the origin's first admission
+    at, second = origin_gaps(["b"], 2)  # another exit (another caller, as far as it knows)
+    assert second[0] == pytest.approx(at - first_at, abs=2e-6)
+    # kept in the origin's hash, with no budget configured (its interval is 0)
+    assert float(client.hget(ORIGIN, "last")) == at
+
+
 def test_learned_state_is_compare_and_set(script):
     assert script(keys=[LEARN], args=["learn_get"]) == ["0", ""]
     assert script(keys=[LEARN], args=["learn_put", "0", "first"]) == [1, "1", ""]
@@ -260,7 +277,7 @@ def admit_ahead(script, exits, *, horizon, want=1, interval=0.2, warm=True, firs
         args += [interval, 0.0, 8, 1 if warm else 0]
     reply = script(keys=keys, args=args)
     return float(reply[0]), [(exits[int(i) - 1], float(at))
-                             for i, at in zip(reply[4::3], reply[6::3], strict=True)]
+                             for i, at in zip(reply[4::4], reply[7::4], strict=True)]
 
 
 def test_callers_woken_for_tokens_get_the_next_ones_reserved_not_a_wait(script, client):
@@ -303,7 +320,7 @@ def admit_shared(script, exits, *, warm, horizon=0.25, origin_interval=0.2, firs
         args += [0.0001, 0.0, 8, 1 if e in warm else 0]
     reply = script(keys=keys, args=args)
     return float(reply[0]), float(reply[1]), [
-        (exits[int(i) - 1], float(at)) for i, at in zip(reply[4::3], reply[6::3], strict=True)]
+        (exits[int(i) - 1], float(at)) for i, at in zip(reply[4::4], reply[7::4], strict=True)]
 
 
 def test_a_shared_token_is_reserved_at_most_half_its_interval_ahead(script):

@@ -8,7 +8,7 @@
 --               (cooldown end), ban (ban end), last (last admitted)
 --   lease zset  per exit: lease token -> expiry; expired tokens free their place
 --   exit  hash  per exit: dead (evicted until)
---   origin hash per origin: tat (budget GCRA), hold (503 pause end)
+--   origin hash per origin: tat (budget GCRA), hold (503 pause end), last (last admitted)
 --   scope hash  per named scope (an account, an API key; every exit and origin):
 --               tat (budget GCRA)
 --   learn hash  per origin: v (version), blob (what the pool learned, JSON); kept
@@ -84,7 +84,8 @@ if op == 'admit' then
   --       tolerance, limit, may reserve) per candidate, then (interval, tolerance) per scope
   -- reply: now, wait, what stood in the way (1: a lease limit, + 2: a shared budget, with
   --        a candidate ready), learn version, then (candidate index, gap since the pair's
-  --        previous admission, when it may go: 0 now, else a reserved time) per lease
+  --        previous admission, gap since the origin's previous admission on any exit by
+  --        any process, when it may go: 0 now, else a reserved time) per lease
   local want = tonumber(ARGV[2])
   local prefix = ARGV[3]
   local next_id = tonumber(ARGV[4])
@@ -96,7 +97,8 @@ if op == 'admit' then
   local phase = tonumber(ARGV[10])
   release_all(releases, 3, 11)  -- first, so the places they free count now
   local kbase, abase = 2 + 2 * releases, 11 + 4 * releases
-  local o = redis.call('HMGET', KEYS[1], 'tat', 'hold')
+  local o = redis.call('HMGET', KEYS[1], 'tat', 'hold', 'last')
+  local olast = num(o[3], NEG)
   -- n candidates and s scopes: 3n + s keys and 4n + 2s arguments are left
   local kleft, aleft = #KEYS - kbase, #ARGV - abase + 1
   local n = (2 * kleft - aleft) / 2
@@ -173,7 +175,8 @@ if op == 'admit' then
     for _, b in ipairs(shared) do
       b.tat = math.max(b.tat, at) + b.interval
     end
-    local gap = at - x.last
+    local gap, ogap = at - x.last, at - olast
+    olast = math.max(olast, at)
     x.tat = math.max(x.tat, at) + x.interval
     x.last = at
     x.busy = x.busy + 1
@@ -185,6 +188,7 @@ if op == 'admit' then
     redis.call('EXPIRE', x.lk, IDLE)
     out[#out + 1] = i
     out[#out + 1] = f6(gap)
+    out[#out + 1] = f6(ogap)
     out[#out + 1] = at > now and f6(at) or 0
     admitted = admitted + 1
   end
@@ -283,6 +287,8 @@ if op == 'admit' then
       redis.call('HSET', b.key, 'tat', f6(b.tat))
       redis.call('EXPIRE', b.key, IDLE)
     end
+    redis.call('HSET', KEYS[1], 'last', f6(olast))
+    redis.call('EXPIRE', KEYS[1], IDLE)
   end
   local v = redis.call('HGET', KEYS[2], 'v') or '0'
   local reply = {f6(now), wait == math.huge and 'inf' or f6(wait),

@@ -887,16 +887,16 @@ class RedisBackend(Backend):
         if len(reply) == 4:
             self.empty_admissions += 1
         leases = []
-        for i, (index, gap, at) in enumerate(zip(reply[4::3], reply[5::3], reply[6::3],
-                                                 strict=True)):
+        for i, (index, gap, site_gap, at) in enumerate(zip(
+                reply[4::4], reply[5::4], reply[6::4], reply[7::4], strict=True)):
             at = float(at)
             c = candidates[int(index) - 1]
             self._used(origin, c)
-            # (the script's "never admitted" is -1e18: a gap that large is a first one)
-            gap = float(gap)
-            gap = gap if gap < 1e17 else math.inf
+            # the gaps since the pair's and the origin's previous admissions, whichever
+            # process made them (the script's "never admitted" is -1e18: a first one)
+            gap, site_gap = (g if g < 1e17 else math.inf for g in (float(gap), float(site_gap)))
             lease = limiter.grant(origin, c.exit_id, at or redis_now, gap,
-                                  lease_id=first_id + i, scopes=scopes)
+                                  lease_id=first_id + i, scopes=scopes, site_gap=site_gap)
             self._shared_leases.add(lease.id)
             leases.append((at, lease))
         if version != self._learn_seen.get(origin):

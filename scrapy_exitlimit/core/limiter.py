@@ -308,8 +308,11 @@ class Limiter:
         return self.leases.reserve_ids(count)
 
     def grant(self, origin: str, exit_id: str, now: float, gap: float,
-              lease_id: int | None = None, scopes: Sequence[Scope] = ()) -> Lease:
-        """Record an admission the shared state made (``gap``: since the pair's previous one)."""
+              lease_id: int | None = None, scopes: Sequence[Scope] = (),
+              site_gap: float | None = None) -> Lease:
+        """Record an admission the shared state made (``gap``: since the pair's previous one;
+        ``site_gap``: since the origin's, on any exit, by any process; None: this
+        process's own)."""
         origin_state = self.origin_state(origin)
         pair = self.pair_state(origin, exit_id)
         pair.bucket.consume(now)  # keeps the local schedule close, for a fallback
@@ -319,17 +322,22 @@ class Limiter:
         if previous > pair.last_admit + 1e-6:  # another process's admission, not ours
             pair.learning.last_foreign = max(pair.learning.last_foreign, previous)
         return self._grant(origin_state, self.exits[exit_id], pair, now, gap, lease_id,
-                           scopes=scopes)
+                           scopes=scopes, site_gap=site_gap)
 
     def _grant(self, origin_state: OriginState, exit_state: ExitState, pair: PairState, now: float,
-               gap: float, lease_id: int | None = None, *, scopes: Sequence[Scope] = ()
-               ) -> Lease:
+               gap: float, lease_id: int | None = None, *, scopes: Sequence[Scope] = (),
+               site_gap: float | None = None) -> Lease:
         exit_id = exit_state.exit.id
         rate = pair.bucket.rate
         if origin_state.learner.granted(exit_id, pair.learning, now):  # the new scout
             self._pace(origin_state, exit_id, pair)
         pair.admitted(now)
-        site_gap, origin_state.last_admit = now - origin_state.last_admit, now
+        # (a shared backend's origin gap counts every process's admissions: the site's
+        # pace, which this process's share of it would understate, and its site rate,
+        # confirmed only at its own pace, never rise)
+        if site_gap is None:
+            site_gap = now - origin_state.last_admit
+        origin_state.last_admit = max(origin_state.last_admit, now)
         for arrivals, bucket in self._shared_floors(origin_state, scopes):
             arrivals.taken(now, bucket)
         exit_state.in_flight += 1
