@@ -175,7 +175,8 @@ if op == 'admit' then
     for _, b in ipairs(shared) do
       b.tat = math.max(b.tat, at) + b.interval
     end
-    local gap, ogap = at - x.last, at - olast
+    -- (another caller may have reserved a later time on the origin: no negative gap)
+    local gap, ogap = at - x.last, math.max(at - olast, 0)
     olast = math.max(olast, at)
     x.tat = math.max(x.tat, at) + x.interval
     x.last = at
