@@ -147,10 +147,7 @@ async def test_learning_is_shared_and_one_congestion_event_lowers_the_rate_once(
     one, two = _two_processes(settings)
     origin = "http://o"
     try:
-        first = (await admit(one, origin)).leases[0]  # the scout's first request: clean
-        one.success(first, 0.001)
-        one.release(first.id)
-        await _drain(one)
+        first = await _answered_clean(one, origin)  # the scout's first request
         await deferLater(reactor, 0.2, lambda: None)
         b = (await admit(two, origin)).leases[0]  # in flight in the other process
         await _drain(two)
@@ -227,11 +224,8 @@ async def test_the_site_gap_and_the_pair_gap_count_the_other_processes_admission
     one, two = _two_processes(settings)
     origin = "http://o"
     try:
-        first = (await admit(one, origin)).leases[0]
+        first = await _answered_clean(one, origin)
         assert first.site_gap == first.gap == math.inf  # the origin's first admission
-        one.success(first, 0.001)
-        one.release(first.id)
-        await _drain(one)
         leases = []
         for _ in range(5):  # two has admitted nothing yet: once its pacing allows
             leases = (await admit(two, origin)).leases
@@ -244,6 +238,15 @@ async def test_the_site_gap_and_the_pair_gap_count_the_other_processes_admission
     finally:
         await one.close()
         await two.close()
+
+
+async def _answered_clean(backend: RedisBackend, origin: str):
+    """One request admitted, answered clean and released, its shared updates done."""
+    lease = (await admit(backend, origin)).leases[0]
+    backend.success(lease, 0.001)
+    backend.release(lease.id)
+    await _drain(backend)
+    return lease
 
 
 def _two_processes(settings: Settings) -> tuple[RedisBackend, RedisBackend]:

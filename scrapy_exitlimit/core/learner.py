@@ -607,14 +607,12 @@ class OriginLearner(SharedRateLearner):
         if not recent and pl.own is None and self.pool.proven:
             reference = 1.0 / self.pool.lo
         closer = clean_gap < reference * CLEARLY_CLOSER - slack
-        wider = clean_gap > reference * (1 + RESOLUTION / 2) + slack
-        if foreign_before > pl.last_clean:
-            # (a shared pair: this process sees a share of its requests, and its own gaps
-            # run wide; later than a clean one only if also after the other processes'
-            # admission, counted as accepted, as most are: three processes' 429s at the
-            # pair's pace on two exits had read as the site's, its rate one process's share)
-            wider = wider and admitted_at - foreign_before > reference * (1 + RESOLUTION / 2) \
-                + slack
+        # (a shared pair: this process sees a share of its requests, and its own gaps run
+        # wide; later than a clean one only if also after another process's admission,
+        # counted as accepted, as most are: three processes' 429s at the pair's pace on
+        # two exits had read as the site's, its rate one process's share)
+        wider = admitted_at - max(pl.last_clean, foreign_before) > \
+            reference * (1 + RESOLUTION / 2) + slack
         if math.isfinite(clean_gap):
             # the server now refuses this spacing from this pair: the clean gaps as close
             # as this one that came before no longer show that it takes it (a per-IP limit
