@@ -378,12 +378,14 @@ def test_a_site_probe_that_moves_nothing_is_not_logged_as_a_rate_up():
     assert len(ups) <= 4, ups  # a round every ~0.2 s, each one logged: 25 or so
 
 
-def test_the_start_rate_proven_says_so_and_every_other_rate_up_moves():
-    """The scout proving the start rate was logged as "rate_up 2 -> 2 r/s"."""
+@pytest.mark.parametrize(("leap", "first"), [(1.0, "2 r/s proven"), (2.0, "2 -> 4 r/s")])
+def test_the_start_rate_proven_says_so_and_every_other_rate_up_moves(leap, first):
+    """The scout proving the start rate was logged as "rate_up 2 -> 2 r/s"; with a leap,
+    the leap proves twice the start rate first."""
     clock = FakeClock(0.0)
-    lim = limiter(4, clock)
+    lim = limiter(4, clock, start_leap=leap)
     ups = rate_events(lim, "rate_up")
     drive(lim, clock, OriginModel(per_ip=lambda: Gcra(5.0)), 6.0)
-    assert ups[0] == "2 r/s proven", ups
+    assert ups[0] == first, ups
     moves = [d.removesuffix(" r/s").split(" -> ") for d in ups[1:]]
     assert moves and all(len(m) == 2 and m[0] != m[1] for m in moves), ups

@@ -16,7 +16,14 @@ from scrapy_exitlimit.core import (
     make_exit,
 )
 from scrapy_exitlimit.core.health import START_LIMIT, CpuLoad
-from scrapy_exitlimit.core.learner import SLOW_RESOLUTION, OriginLearner, PairLearning
+from scrapy_exitlimit.core.learner import (
+    CONFIRMATIONS_NEAR_CEILING,
+    HALVE_EXITS,
+    RECENT,
+    SLOW_RESOLUTION,
+    OriginLearner,
+    PairLearning,
+)
 from scrapy_exitlimit.core.learning import (
     CEILING_DRIFT,
     CEILING_DRIFT_MIN,
@@ -162,10 +169,13 @@ def test_a_confirmed_rate_above_the_last_429_resumes_slow_start():
 
 
 def learner(n=3, clock=None, **tuning):
+    """A limiter on ``n`` exits, learned mode from 2 r/s; no leap unless asked
+    (``start_leap=2.0``): most tests here follow the scout's discovery alone."""
     clock = clock or FakeClock(0.0)
     exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(n)]
     lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
-                  tuning=Tuning(**{"start_rate": 2.0, **tuning}), rng=random.Random(3))
+                  tuning=Tuning(**{"start_rate": 2.0, "start_leap": 1.0, **tuning}),
+                  rng=random.Random(3))
     return lim, clock
 
 
@@ -227,6 +237,184 @@ def test_the_start_rate_is_proven_by_one_scout_while_the_others_wait_for_it():
     assert {probe.rate, follower.rate} == {2.0} and ostate.scout is not None
     assert lim.pair_rate(ostate, ostate.scout, lim.pair_state(SITE, ostate.scout)) == 4.0
 
+
+
+def discovery_with_a_leap(n=4):
+    """A first request on every exit, all answered at once: the scout proves the start
+    rate (2 r/s), the leap tries twice that. Returns (lim, clock, learner, leap)."""
+    lim, clock = learner(n, start_leap=2.0)
+    leases = [lim.try_admit(SITE) for _ in range(n)]
+    for lease in leases:
+        answer(lim, clock, lease)
+    ol = lim.origin_state(SITE).learner
+    assert ol.scout == leases[0].exit_id and ol.leap not in (None, ol.scout)
+    return lim, clock, ol, ol.leap
+
+
+def test_beside_the_scout_a_leap_proves_twice_the_start_rate_in_half_the_time():
+    """Proving the start rate takes an interval at it (0.5 s at 2 r/s): another exit tries
+    4 r/s at once, so 0.26 s in the pool runs at 4 r/s and slow start goes on from there,
+    the leap as its scout; every other exit held meanwhile."""
+    lim, clock, ol, leap = discovery_with_a_leap()
+    clock.now = lim.try_admit(SITE)  # nothing before the leap's token
+    assert clock.now == pytest.approx(0.25, abs=0.005)
+    test = lim.try_admit(SITE)
+    assert test.exit_id == leap and test.rate == 4.0
+    assert not isinstance(lim.try_admit(SITE), Lease)  # the others (the scout too) hold
+    events = answer(lim, clock, test)
+    assert ol.pool.proven and ol.pool.lo == pytest.approx(4.0, rel=0.02) and ol.leap is None
+    assert ol.scout == leap  # a step ahead of the old scout: slow start goes on from it
+    assert [e.detail for e in events if e.kind == "rate_up"] == [f"2 -> {ol.pool.lo:.3g} r/s"]
+    assert lim.pair_rate(lim.origin_state(SITE), leap, lim.pair_state(SITE, leap)) == \
+        pytest.approx(2 * ol.pool.lo)
+    clock.now = 0.3
+    followers = [lim.try_admit(SITE) for _ in range(3)]  # the scout among them, no longer
+    assert all(isinstance(f, Lease) and f.rate == ol.pool.lo for f in followers)
+
+
+def test_a_leaps_429_is_its_exits_own_until_the_scout_agrees_no_429_more_than_alone():
+    """The leap's 429 at 4 r/s is a lone 429 (its exit's own, until another agrees); the
+    scout goes on proving 2 r/s. When the scout's 429 agrees, the pool's ceiling is the
+    start rate: two 429s, as the scout's 429 and its check drew without a leap."""
+    lim, clock, ol, leap = discovery_with_a_leap()
+    scout = ol.scout
+    clock.now = 0.26
+    answer(lim, clock, lim.try_admit(SITE), status=429)
+    assert ol.suspect == leap and ol.scout == scout and ol.leap is None
+    assert not ol.pool.proven and ol.pool.hi is None
+    clock.now = 0.51
+    probe = lim.try_admit(SITE)
+    assert probe.exit_id == scout and probe.rate == 2.0
+    answer(lim, clock, probe, status=429)
+    assert ol.pool.hi == 2.0 and ol.pool.lo == 1.0 and ol.suspect is None
+
+
+def test_a_leaps_test_under_way_is_the_check_on_the_scouts_first_429():
+    """The scout's 429 came first (its answer, not its request): the leap's test already
+    sent is the second opinion, no third exit is drawn into checking it."""
+    lim, clock, ol, leap = discovery_with_a_leap()
+    scout = ol.scout
+    clock.now = 0.26
+    test = lim.try_admit(SITE)
+    clock.now = 0.51
+    probe = lim.try_admit(SITE)
+    assert (test.exit_id, probe.exit_id) == (leap, scout)
+    answer(lim, clock, probe, status=429)  # the scout's 429 is answered first
+    assert ol.suspect == scout and ol.scout == leap and ol.leap is None
+    assert not isinstance(lim.try_admit(SITE), Lease)  # nobody else checks
+    answer(lim, clock, test, status=429)  # the leap's 429 agrees
+    assert ol.pool.hi == 2.0 and ol.pool.lo == 1.0
+
+
+def test_a_leap_clean_at_twice_the_start_rate_clears_a_slow_scouts_429():
+    """A slow exit scouting first: its 429 at 2 r/s is its own, and the leap's test clean
+    at 4 r/s says the pool is faster."""
+    lim, clock, ol, leap = discovery_with_a_leap()
+    scout = ol.scout
+    clock.now = 0.26
+    test = lim.try_admit(SITE)
+    clock.now = 0.51
+    answer(lim, clock, lim.try_admit(SITE), status=429)
+    answer(lim, clock, test)
+    assert ol.pool.proven and ol.pool.lo > 3.5 and ol.suspect is None
+    assert lim.pair_state(SITE, scout).learning.own is not None  # the slow one's own
+
+
+def test_the_leap_is_picked_at_random_not_the_exit_that_went_second():
+    """A pool that lists its slow exits first had its first two both slow: the leap is
+    any exit that may probe, at random."""
+    leaps = set()
+    for seed in range(12):
+        clock = FakeClock(0.0)
+        exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(5)]
+        lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
+                      tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+        for lease in [lim.try_admit(SITE) for _ in range(5)]:
+            answer(lim, clock, lease)
+        ol = lim.origin_state(SITE).learner
+        assert ol.leap not in (None, ol.scout)
+        leaps.add(ol.leap)
+    assert len(leaps) >= 3
+
+
+def test_no_leap_when_the_start_rate_is_known_or_refused():
+    """A warm start (the start rate proven) or a start rate already refused has nothing
+    for a leap to try; nor has a factor of 1."""
+    lim, clock = learner(3, start_leap=1.0)
+    for lease in [lim.try_admit(SITE) for _ in range(3)]:
+        answer(lim, clock, lease)
+    assert lim.origin_state(SITE).learner.leap is None
+    ol = discovery_with_a_leap()[2]
+    ol.pool.proven = True
+    assert not ol.wants_leap()
+    ol.pool.proven, ol.pool.hi = False, 4.0
+    assert not ol.wants_leap()
+
+
+
+def test_the_leap_is_shared_like_the_scout():
+    """Other processes (Redis backend) adopt the leap with the rest of the learning: one
+    leap per origin across processes, and a test of theirs answered here counts."""
+    import json
+
+    from scrapy_exitlimit.core.sharing import export_learning, import_learning
+
+    lim, clock, ol, leap = discovery_with_a_leap()
+    data = json.loads(json.dumps(export_learning(lim.origin_state(SITE), lambda _: None)))
+    other, _ = learner(4, start_leap=2.0)
+    ostate = other.origin_state(SITE)
+    import_learning(ostate, data, known_exit=lambda _: True,
+                    pair_of=lambda key: other.state.pair(ostate, key),
+                    configured=lambda _: None)
+    assert ostate.learner.leap == leap and ostate.learner.scout == ol.scout
+
+def test_a_slow_start_raise_that_draws_429s_on_many_exits_goes_back_not_halves():
+    """Slow start raised the pool on one clean answer (a jittery path's luck): when the
+    new pace draws 429s on HALVE_EXITS exits within RECENT seconds, the raise was wrong and
+    the pool goes back to where it ran clean; later the same wave halves it."""
+    for after, expected in ((1.0, 4.0), (RECENT + 1.0, 2.75)):
+        lim, clock = learner(10)
+        ol = lim.origin_state(SITE).learner
+        pool = ol.pool
+        pool.proven, pool.lo = True, 4.0
+        pool.confirmed(5.5, clock.now)  # slow start: 4 -> 5.5 on one clean answer
+        assert (pool.raised_from, pool.raised_at) == (4.0, clock.now)
+        clock.now += after
+        for exit_id in lim.exits:  # the whole pool in use
+            ol.admitted(exit_id, clock.now - 0.05)
+        for i, exit_id in enumerate(list(lim.exits)[:HALVE_EXITS]):
+            pl = lim.pair_state(SITE, exit_id).learning
+            # at the new pace, clearly closer after its last clean request than the
+            # clean ones at the old pace came: each exit's own per-IP limit
+            pl.last_clean = clock.now - 1 / 5.5
+            pl.clean_gaps.append((clock.now - 0.2, 0.25))
+            ol.rate_limited(SITE, exit_id, pl, rate=5.5, gap=1 / 5.5, admitted_at=clock.now,
+                            now=clock.now + 0.01 * (i + 1), slack=0.0,
+                            pick_scout=lambda _: None)
+        assert pool.lo == pytest.approx(expected), after
+        assert pool.hi == pytest.approx(5.5)
+
+
+def test_a_check_under_a_lone_429_needs_the_confirmations_of_a_probe_near_a_ceiling():
+    """A lone 429 may be the ceiling: the check under it is confirmed as a bisection's
+    probe is (CONFIRMATIONS_NEAR_CEILING clean answers), not as slow start's (one): a
+    jittery path's one lucky answer had raised the pool over a per-IP limit."""
+    lim, clock = learner(3)
+    ol = lim.origin_state(SITE).learner
+    pool = ol.pool
+    pool.proven, pool.lo = True, 4.0
+    checker = list(lim.exits)[1]
+    ol.suspect, ol.suspect_rate, ol.scout = list(lim.exits)[0], 8.0, checker
+    pl = lim.pair_state(SITE, checker).learning
+    rate = ol.probe_rate()
+    assert rate == pytest.approx(math.sqrt(32))
+    for _ in range(CONFIRMATIONS_NEAR_CEILING):
+        assert pool.lo == 4.0
+        clock.now += 1.0
+        ol.succeeded(SITE, checker, pl, rate=rate, gap=1 / rate, margin=0.0,
+                     admitted_at=clock.now - 0.01, site_gap=0.1, now=clock.now,
+                     configured=False)
+    assert pool.lo == pytest.approx(rate)
 
 def test_a_scout_whose_proxy_fails_hands_discovery_on_at_once():
     # the scout's proxy is dead: while the start rate is unproven every other exit waits
@@ -338,7 +526,7 @@ def test_a_checker_is_an_exit_the_origin_has_answered(seed):
     clock = FakeClock(0.0)
     exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(4)]
     lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
-                  tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+                  tuning=Tuning(start_rate=2.0, start_leap=1.0), rng=random.Random(seed))
     leases = [lim.try_admit(SITE) for _ in range(4)]
     ostate = lim.origin_state(SITE)
     scout, dead = leases[0].exit_id, leases[1].exit_id
@@ -375,7 +563,7 @@ def test_a_start_rate_found_too_high_is_proven_by_the_exit_that_went_longest_ago
     clock = FakeClock(0.0)
     exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(5)]
     lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
-                  tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+                  tuning=Tuning(start_rate=2.0, start_leap=1.0), rng=random.Random(seed))
     went = {}
     for _ in range(5):  # first requests 0.1 s apart, as a crawl's start spreads them
         lease = lim.try_admit(SITE)

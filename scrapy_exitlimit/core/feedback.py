@@ -95,6 +95,12 @@ class FeedbackLaws:
             site_margin=origin_state.budget.pacing_margin,
             configured=self.state.configured_rate(lease.origin, lease.exit_id) is not None)
         self._learned(out, lease.origin, learned)
+        origin_learner = origin_state.learner
+        if origin_learner.leap is None and origin_learner.wants_leap():
+            origin_learner.leap = self._pick_leap(origin_state, now)
+            origin_learner.leap_sent = False
+            if origin_learner.leap is not None:
+                out.changes.append(LearningChanged(lease.origin))
         for scope, gap in zip(lease.scopes, lease.scope_gaps, strict=True):
             learner = self.scopes.state(scope).learner
             if learner is not None:
@@ -158,15 +164,37 @@ class FeedbackLaws:
             if not out.learned():
                 out.changes.append(LearningChanged(origin))
 
+    def _may_probe(self, origin_state: OriginState, now: float, exclude: Sequence[str]
+                   ) -> list[str]:
+        """The exits that may probe for the pool: no limit of their own, usable."""
+        pair_key = self.state.aliases.pair_key
+        return [e for e in self.pool.states if e not in exclude and self.pool.allows(e)
+                and usable(self.state, self.pool, origin_state.key, e, now)
+                and (p := origin_state.pairs.get(pair_key(e))) is not None
+                and origin_state.learner.may_scout(p.learning, now)
+                and p.cooldown_until <= now]
+
+    def _pick_leap(self, origin_state: OriginState, now: float) -> str | None:
+        """An exit to try twice the start rate beside the scout, at random among those
+        that sent their first request (its next is the test): the exits that went or
+        answered first are no likelier to be the pool's (a mixed pool that lists its
+        slow exits first had its first two both slow). One that never answers costs
+        nothing: the scout proves the start rate as without a leap."""
+        pairs, pair_key = origin_state.pairs, self.state.aliases.pair_key
+        choices = [e for e in self._may_probe(origin_state, now, [origin_state.learner.scout])
+                   if pairs[pair_key(e)].last_admit > -math.inf]
+        if not choices:
+            return None
+        chosen = self.rng.choice(choices)
+        pairs[pair_key(chosen)].learning.confirmations = 0
+        pairs[pair_key(chosen)].learning.confirmed_rate = math.inf
+        return chosen
+
     def _pick_scout(self, origin_state: OriginState, now: float, exclude: Sequence[str]
                     ) -> str | None:
         """Another exit to probe with: one of the pool's (no limit of its own), usable."""
         pair_key = self.state.aliases.pair_key
-        choices = [e for e in self.pool.states if e not in exclude and self.pool.allows(e)
-                   and usable(self.state, self.pool, origin_state.key, e, now)
-                   and (p := origin_state.pairs.get(pair_key(e))) is not None
-                   and origin_state.learner.may_scout(p.learning, now)
-                   and p.cooldown_until <= now]
+        choices = self._may_probe(origin_state, now, exclude)
         if not choices:
             return None
         # one that has had an answer from the origin: a dead proxy (no answer yet, its
@@ -260,6 +288,9 @@ class FeedbackLaws:
             learner = origin_state.learner
             if learner.scout == exit_id:  # a probe needs answers: another exit takes it
                 learner.scout = self._pick_scout(origin_state, now, [exit_id])
+                out.changes.append(LearningChanged(origin))
+            if learner.leap == exit_id:
+                learner.leap = None
                 out.changes.append(LearningChanged(origin))
         health = exit_state.health
         if health.fault(now):

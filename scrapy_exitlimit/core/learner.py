@@ -6,7 +6,9 @@ with a :class:`RateEstimate`:
 
 1. **Discovery.** The start rate is a guess. One scout exit proves it; the
    other exits send one request each and wait for the verdict, so a start rate
-   above the limit draws one 429, not one per exit.
+   above the limit draws one 429, not one per exit. Meanwhile one more exit (the
+   ``leap``) tries twice the start rate: clean, slow start goes on from there a
+   step sooner; a 429 is the lone 429 that a second exit must confirm anyway.
 2. **The pool's per-IP rate** (``pool``): one scout at a time probes above what
    is clean (slow start, then bisection); the others pace at ``lo``.
 3. **A lone exit is not the pool.** Before any ceiling is known, a scout's 429
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import Event
-from .learning import BACKOFF_BY_STREAK, CLIMB_BELOW, RESOLUTION, RateEstimate, backoff
+from .learning import BACKOFF_BY_STREAK, CLIMB_BELOW, GROWTH, RESOLUTION, RateEstimate, backoff
 
 #: an exit slower than the pool learns its own limit to within 2 x 10 %, and its ceiling
 #: drifts at 0.2 %/s: it carries little of the crawl, and each probe of its limit costs
@@ -386,6 +388,17 @@ class OriginLearner(SharedRateLearner):
     learning_of: Callable[[str], PairLearning | None]
     scout: str | None = None
     scout_since: float = -math.inf
+    #: while the start rate is a guess (the scout's), the exit trying twice that at
+    #: once: proving the start rate takes a whole interval at it (0.5 s at 2 r/s, half
+    #: the ramp on an origin with no limit), and a second exit's 429 is needed before
+    #: the first one counts, so a leap that draws one costs no 429 a discovery would not
+    leap: str | None = None
+    #: its test is under way (admitted): the check on a scout's first 429 is then that
+    #: test's answer; one not sent yet would wait its interval from the leap's first
+    #: request, however late that went (broad crawls: first requests spread over a second)
+    leap_sent: bool = False
+    #: what the leap tries, in units of the start rate (1: no leap)
+    leap_factor: float = GROWTH
     #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
     suspect: str | None = None
     suspect_rate: float = math.inf
@@ -410,7 +423,19 @@ class OriginLearner(SharedRateLearner):
             return pl.own.target()  # its own limit: it probes for itself
         if self.scout == exit_id:
             return self.probe_rate()
+        if self.leap == exit_id:
+            return self.leap_rate()
         return self.pool.lo
+
+    def leap_rate(self) -> float:
+        return min(self.pool.lo * self.leap_factor, self.pool.ceiling)
+
+    def wants_leap(self) -> bool:
+        """Whether a leap is worth trying: a scout is proving a start rate not yet
+        refused (after a 429, discovery has its second opinion to find, under it)."""
+        pool = self.pool
+        return not pool.proven and pool.hi is None and self.suspect is None and \
+            self.scout is not None and self.leap_rate() > pool.lo
 
     def probe_rate(self) -> float:
         """What the scout tries: the pool's next target, but while one exit's lone 429
@@ -429,9 +454,11 @@ class OriginLearner(SharedRateLearner):
         return min(target, suspect)
 
     def holds(self, exit_id: str, pl: PairLearning, sent_before: bool) -> bool:
-        """Discovery: while the start rate is unproven, only the scout sends twice."""
+        """Discovery: while the start rate is unproven, only the scout (and the leap)
+        send twice."""
         return (not self.pool.proven and sent_before and pl.own is None
-                and self.scout is not None and self.scout != exit_id)
+                and self.scout is not None and self.scout != exit_id
+                and self.leap != exit_id)
 
     def estimate(self, pl: PairLearning) -> RateEstimate:
         """The limit a pair paces by: its own, or the pool's."""
@@ -451,6 +478,8 @@ class OriginLearner(SharedRateLearner):
     def granted(self, exit_id: str, pl: PairLearning, now: float) -> bool:
         """An admission on ``exit_id``; True when it made the exit the scout."""
         self.admitted(exit_id, now)
+        if exit_id == self.leap:
+            self.leap_sent = True
         if self.scout is None and self.may_scout(pl, now) and (
                 self.probe_rate() > self.pool.lo or not self.pool.proven):
             self.scout, self.scout_since = exit_id, now
@@ -526,7 +555,8 @@ class OriginLearner(SharedRateLearner):
                       ) -> list[Event]:
         own = pl.own is not None
         est = self.estimate(pl)
-        probing = own or self.scout == exit_id
+        leaping = not own and self.leap == exit_id
+        probing = own or self.scout == exit_id or leaping
         # proving a start rate: paced at it (the safety margin spaces a little wider);
         # probing above: faster than what is known clean
         if est.proven:
@@ -544,6 +574,8 @@ class OriginLearner(SharedRateLearner):
         needed = CONFIRMATIONS if est.hi is None or not est.proven or (
             not own and self.ceiling_at_start and self.ceiling_by) else \
             CONFIRMATIONS_NEAR_CEILING
+        if not own and self.suspect is not None and est.proven:
+            needed = CONFIRMATIONS_NEAR_CEILING  # under a lone 429: perhaps the ceiling
         # a step that shortens the interval by less than the path's arrival spread is
         # within what jitter does to one request: one clean answer there is luck
         if est.proven and spread >= 1.0 / est.lo - 1.0 / pl.confirmed_rate:
@@ -553,6 +585,10 @@ class OriginLearner(SharedRateLearner):
         confirmed, pl.confirmations, pl.confirmed_rate = pl.confirmed_rate, 0, math.inf
         before, was_proven = est.lo, est.proven
         est.confirmed(confirmed, now)
+        if not own and self.leap is not None:  # the start rate is settled, one way or
+            self.leap = None                    # the other
+            if leaping:  # slow start goes on from the leap, a step ahead of the scout
+                self.scout, self.scout_since = exit_id, now
         if not own:
             if est.hi is not None:  # bisecting: another exit takes the next probe
                 self.scout = None
@@ -597,6 +633,11 @@ class OriginLearner(SharedRateLearner):
         self._answered(now, admitted_at, False)
         pl.last_429 = now
         pl.confirmations, pl.confirmed_rate = 0, math.inf
+        # any 429 ends the leap (what it would try is no longer the next step); a test
+        # it has under way is the second opinion a scout's first 429 needs
+        leap, self.leap = self.leap, None
+        leaping = leap is not None and leap == exit_id
+        check = leap if self.leap_sent and not leaping else None
         self.site_confirmations, self.site_gaps = 0, 0.0  # no site probe is clean now
         clean_gap = admitted_at - pl.last_clean
         # (a pair's first clean request has no gap: until it has one, the pool's proven
@@ -625,6 +666,17 @@ class OriginLearner(SharedRateLearner):
         pace = 1.0 / clean_gap if clean_gap > 0 else math.inf
         rate = max(rate, min(1.0 / gap if gap > 0 else 0.0, pace))
         pool = self.pool
+        if leaping and self.wants_leap() and not wider and math.isfinite(clean_gap) and \
+                self.active_exits(now) > 1:
+            # twice the start rate refused: this exit's own until another exit agrees,
+            # as a scout's first 429 is; the scout goes on proving the start rate
+            self.suspect, self.suspect_rate = exit_id, rate
+            pl.own = RateEstimate(pool.lo, floor=self.min_rate, ceiling=pool.ceiling,
+                                  proven=False)
+            pl.own.rejected(rate, now, pl.rate_streak)
+            return [Event("rate_down", origin, exit_id,
+                          f"429 at {rate:.3g} r/s: this exit's own, until another exit "
+                          "agrees")]
         if self.scout == exit_id and (rate > pool.lo * (1 + 1e-9) or not pool.proven) and (
                 not wider and math.isfinite(clean_gap)):
             # what the 429 proves: arrivals may have come as much closer than sent as
@@ -632,7 +684,7 @@ class OriginLearner(SharedRateLearner):
             late = max(slack, origin_slack())
             proven = 1.0 / (clean_gap - late) if clean_gap > late else math.inf
             return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout,
-                                      proven=max(rate, proven))
+                                      proven=max(rate, proven), check=check)
         own = pl.own
         if own is not None and rate > own.lo * (1 + 1e-9) and not wider:
             # a pair probing its own limit found it
@@ -675,9 +727,12 @@ class OriginLearner(SharedRateLearner):
     def _probe_failed(self, origin: str, exit_id: str, pl: PairLearning, rate: float,
                       admitted_at: float, now: float,
                       pick_scout: Callable[[Sequence[str]], str | None],
-                      proven: float) -> list[Event]:
+                      proven: float, check: str | None = None) -> list[Event]:
         """The scout's probe drew a 429: the pool's ceiling, once two exits agree.
-        ``proven``: the rate the 429 shows the limit is under, allowing for jitter."""
+        ``proven``: the rate the 429 shows the limit is under, allowing for jitter;
+        ``check``: the leap, when its test (twice the start rate) is under way: its
+        answer is the second opinion on a first 429 (a 429 agrees; clean, this exit is
+        slower than the pool)."""
         pool = self.pool
         self.scout = None
         if pool.hi is None and self.active_exits(now) > 1:
@@ -687,7 +742,7 @@ class OriginLearner(SharedRateLearner):
                 pl.own = RateEstimate(pool.lo, floor=self.min_rate, ceiling=pool.ceiling,
                                       proven=pool.proven)
                 pl.own.rejected(rate, now, pl.rate_streak)
-                self.scout = pick_scout([exit_id])
+                self.scout = check if check is not None else pick_scout([exit_id])
                 return [Event("rate_down", origin, exit_id,
                               f"429 at {rate:.3g} r/s: this exit's own, until another "
                               "exit agrees")]
@@ -746,6 +801,11 @@ class OriginLearner(SharedRateLearner):
         exits = self._pool_too_fast(exit_id, now)
         if not exits:
             return None
+        if exits >= HALVE_EXITS and self._just_raised(now):
+            # right after a raise: the raise was wrong (one clean answer on a jittery
+            # path, luck), not the limit moved: back to where the pool last ran clean
+            return self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now,
+                               pool.raised_from)
         streak = max(pl.rate_streak, len(BACKOFF_BY_STREAK)) if exits >= HALVE_EXITS \
             else pl.rate_streak
         return self._lower(origin, None, pool, rate, streak, admitted_at, now)
@@ -769,6 +829,12 @@ class OriginLearner(SharedRateLearner):
         share = self.refused_share(now)
         return share is not None and share < SITE_REFUSED
 
+    def _just_raised(self, now: float) -> bool:
+        """Whether slow start raised the pool's rate within RECENT seconds: one clean
+        answer far from any known ceiling, a jittery path's luck now and then (a pool
+        raised over the per-IP limit that way had its 429s read as a site limit)."""
+        return self.pool.raised_from is not None and now - self.pool.raised_at <= RECENT
+
     def _pool_too_fast(self, exit_id: str, now: float) -> int:
         """Exits 429 at the pool's pace, each its own limit's doing: many of them
         (POOL_SHARE of those in use, at least two) within a window say the pool's rate
@@ -782,7 +848,7 @@ class OriginLearner(SharedRateLearner):
 
     # -- sharing -------------------------------------------------------------------
     def mark(self) -> tuple:
-        return (self.pool.lo, self.pool.changed_at, self.pool.proven, self.scout,
+        return (self.pool.lo, self.pool.changed_at, self.pool.proven, self.scout, self.leap,
                 self.rate_mark())
 
     def export(self) -> dict[str, Any]:
@@ -791,6 +857,8 @@ class OriginLearner(SharedRateLearner):
             "site": self.export_rate(),
             "scout": self.scout,
             "scout_since": self.scout_since,
+            "leap": self.leap,
+            "leap_sent": self.leap_sent,
             "suspect": self.suspect,
             "suspect_rate": self.suspect_rate if math.isfinite(self.suspect_rate) else None,
             "ceiling_by": sorted(self.ceiling_by),
@@ -803,6 +871,8 @@ class OriginLearner(SharedRateLearner):
         self.load_rate(data.get("site"))
         self.scout = data["scout"]
         self.scout_since = data["scout_since"]
+        self.leap = data.get("leap")
+        self.leap_sent = bool(data.get("leap_sent", False))
         self.suspect = data.get("suspect")
         rate = data.get("suspect_rate")
         self.suspect_rate = math.inf if rate is None else rate
@@ -866,7 +936,8 @@ def raised(before: float, after: float, was_proven: bool) -> str | None:
 
 
 _ESTIMATE_FIELDS = ("lo", "hi", "floor", "ceiling", "changed_at", "proven", "seen",
-                    "drift_rate", "climbs", "settled", "resolution")
+                    "drift_rate", "climbs", "settled", "resolution", "raised_from",
+                    "raised_at")
 
 
 def estimate_data(est: RateEstimate) -> dict[str, Any]:

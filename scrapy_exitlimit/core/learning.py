@@ -63,6 +63,10 @@ class RateEstimate:
     #: never at it or just under it (a shared estimate, one scout at a time; a pair's
     #: own would re-probe on every pair, and walks up to its 429 again instead)
     reprobe_above: bool = False
+    #: the clean rate before the last raise when slow start made it, and when: a raise
+    #: that draws 429s at once was wrong, and goes back
+    raised_from: float | None = None
+    raised_at: float = -math.inf
     #: (lo, seen, the data) as recalled from an earlier run: what this run did not
     #: learn anew is remembered as it was
     recalled: tuple[float, float | None, dict[str, Any]] | None = field(
@@ -115,6 +119,9 @@ class RateEstimate:
             self.proven = True
             self.changed_at = now
         if rate > self.lo:
+            # (a slow-start step, one clean answer far from any known ceiling)
+            self.raised_from = self.lo if self.hi is None else None
+            self.raised_at = now
             self.lo = min(rate, self.ceiling)
             self.climbs += 1
             if self.hi is not None and (self.hi <= self.lo or self.seen is not None

@@ -45,7 +45,7 @@ class StateTable:
                                 proven=False, reprobe_above=True)
             learner = OriginLearner(pool=pool, min_rate=t.min_rate, max_rate=t.max_rate,
                                     learning_of=partial(self._learning_of, key),
-                                    site_ceiling=ol.rate)
+                                    site_ceiling=ol.rate, leap_factor=t.start_leap)
             state = self.origins[key] = OriginState(
                 key, OriginBudget(ol.rate, ol.burst, t.margin), learner,
                 last_used=self.clock())
