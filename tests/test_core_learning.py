@@ -306,6 +306,28 @@ def test_a_leaps_test_under_way_is_the_check_on_the_scouts_first_429():
     assert ol.pool.hi == 2.0 and ol.pool.lo == 1.0
 
 
+
+def test_a_leap_whose_test_is_not_under_way_is_no_check():
+    """The scout's 429 came before the leap sent its test (its first answer is still to
+    come: a new pair sends one request at a time): the check is an exit that can send
+    soonest, as without a leap (a leap whose first request went late, in a broad crawl's
+    first second, had held its origin's discovery ~0.5 s longer)."""
+    lim, clock = learner(4, start_leap=2.0)
+    leases = [lim.try_admit(SITE) for _ in range(4)]
+    ol = lim.origin_state(SITE).learner
+    scout = ol.scout
+    for lease in leases[:-1]:  # the last exit's answer is late
+        answer(lim, clock, lease)
+    if ol.leap != leases[-1].exit_id:  # (make the late one the leap)
+        ol.leap = leases[-1].exit_id
+    leap = ol.leap
+    clock.now = 0.51
+    probe = lim.try_admit(SITE)
+    assert probe.exit_id == scout and not ol.leap_sent
+    answer(lim, clock, probe, status=429)
+    assert ol.suspect == scout and ol.scout not in (None, scout, leap) and ol.leap is None
+
+
 def test_a_leap_clean_at_twice_the_start_rate_clears_a_slow_scouts_429():
     """A slow exit scouting first: its 429 at 2 r/s is its own, and the leap's test clean
     at 4 r/s says the pool is faster."""
@@ -332,7 +354,8 @@ def test_the_leap_is_picked_at_random_not_the_exit_that_went_second():
         for lease in [lim.try_admit(SITE) for _ in range(5)]:
             answer(lim, clock, lease)
         ol = lim.origin_state(SITE).learner
-        assert ol.leap not in (None, ol.scout)
+        assert ol.leap not in (None, ol.scout) and not ol.leap_sent
+        assert lim.pair_state(SITE, ol.leap).last_admit == 0.0  # it sent its first
         leaps.add(ol.leap)
     assert len(leaps) >= 3
 
