@@ -288,7 +288,7 @@ _TUNING = {
         "margin": ("EXITLIMIT_SAFETY_MARGIN", False, 0, False),
         "jitter": ("EXITLIMIT_JITTER", False, 0, False),
         "start_rate": ("EXITLIMIT_START_RATE", False, 0, True),
-        "start_leap": ("EXITLIMIT_START_LEAP", False, 1, False),
+        "start_leap": ("EXITLIMIT_START_LEAP", False, 0, True),
         "max_rate": ("EXITLIMIT_MAX_RATE", False, 0, True),
         "min_rate": ("EXITLIMIT_MIN_RATE", False, 0, True),
         "breaker_after": ("EXITLIMIT_BREAKER_THRESHOLD", True, 1, False),

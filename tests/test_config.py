@@ -118,7 +118,7 @@ def test_an_unknown_backend_lists_the_choices(value):
         ("EXITLIMIT_JITTER", -0.1),
         ("EXITLIMIT_SAFETY_MARGIN", "x"),
         ("EXITLIMIT_START_RATE", 0),
-        ("EXITLIMIT_START_LEAP", 0.5),
+        ("EXITLIMIT_START_LEAP", 0),
         ("EXITLIMIT_MAX_RATE", -1),
         ("EXITLIMIT_BREAKER_THRESHOLD", 0),
         ("EXITLIMIT_EVICT_AFTER", 0.5),

@@ -397,7 +397,7 @@ class OriginLearner(SharedRateLearner):
     #: test's answer; one not sent yet would wait its interval from the leap's first
     #: request, however late that went (broad crawls: first requests spread over a second)
     leap_sent: bool = False
-    #: what the leap tries, in units of the start rate (1: no leap)
+    #: what the leap tries, in units of the start rate (1 or less: no leap)
     leap_factor: float = GROWTH
     #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
     suspect: str | None = None

@@ -60,7 +60,7 @@ class Tuning:
     jitter: float = 0.0
     start_rate: float = 2.0
     #: while the scout proves the start rate, another exit tries it times this at once
-    #: (1: no such leap, the scout alone)
+    #: (1 or less: no such leap, the scout alone)
     start_leap: float = 2.0
     max_rate: float = 1000.0
     min_rate: float = 0.05
