@@ -362,11 +362,12 @@ def test_the_leap_is_picked_at_random_not_the_exit_that_went_second():
 
 def test_no_leap_when_the_start_rate_is_known_or_refused():
     """A warm start (the start rate proven) or a start rate already refused has nothing
-    for a leap to try; nor has a factor of 1."""
-    lim, clock = learner(3, start_leap=1.0)
-    for lease in [lim.try_admit(SITE) for _ in range(3)]:
-        answer(lim, clock, lease)
-    assert lim.origin_state(SITE).learner.leap is None
+    for a leap to try; nor has a factor of 1 or less."""
+    for factor in (1.0, 0.5):
+        lim, clock = learner(3, start_leap=factor)
+        for lease in [lim.try_admit(SITE) for _ in range(3)]:
+            answer(lim, clock, lease)
+        assert lim.origin_state(SITE).learner.leap is None, factor
     ol = discovery_with_a_leap()[2]
     ol.pool.proven = True
     assert not ol.wants_leap()
