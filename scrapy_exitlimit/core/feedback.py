@@ -97,9 +97,9 @@ class FeedbackLaws:
         self._learned(out, lease.origin, learned)
         origin_learner = origin_state.learner
         if origin_learner.leap is None and origin_learner.wants_leap():
-            origin_learner.leap = self._pick_leap(origin_state, now)
-            origin_learner.leap_sent = False
-            if origin_learner.leap is not None:
+            leap = self._pick_leap(origin_state, now)
+            if leap is not None:
+                origin_learner.leap, origin_learner.leap_sent = leap, False
                 out.changes.append(LearningChanged(lease.origin))
         for scope, gap in zip(lease.scopes, lease.scope_gaps, strict=True):
             learner = self.scopes.state(scope).learner
@@ -186,8 +186,8 @@ class FeedbackLaws:
         if not choices:
             return None
         chosen = self.rng.choice(choices)
-        pairs[pair_key(chosen)].learning.confirmations = 0
-        pairs[pair_key(chosen)].learning.confirmed_rate = math.inf
+        learning = pairs[pair_key(chosen)].learning
+        learning.confirmations, learning.confirmed_rate = 0, math.inf
         return chosen
 
     def _pick_scout(self, origin_state: OriginState, now: float, exclude: Sequence[str]

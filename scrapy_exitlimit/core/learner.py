@@ -585,11 +585,11 @@ class OriginLearner(SharedRateLearner):
         confirmed, pl.confirmations, pl.confirmed_rate = pl.confirmed_rate, 0, math.inf
         before, was_proven = est.lo, est.proven
         est.confirmed(confirmed, now)
-        if not own and self.leap is not None:  # the start rate is settled, one way or
-            self.leap = None                    # the other
-            if leaping:  # slow start goes on from the leap, a step ahead of the scout
-                self.scout, self.scout_since = exit_id, now
         if not own:
+            if self.leap is not None:  # the start rate is settled, one way or the other
+                self.leap = None
+                if leaping:  # slow start goes on from the leap, a step ahead of the scout
+                    self.scout, self.scout_since = exit_id, now
             if est.hi is not None:  # bisecting: another exit takes the next probe
                 self.scout = None
             else:  # slow start: the scout goes on, its pace already up to speed
@@ -636,7 +636,7 @@ class OriginLearner(SharedRateLearner):
         # any 429 ends the leap (what it would try is no longer the next step); a test
         # it has under way is the second opinion a scout's first 429 needs
         leap, self.leap = self.leap, None
-        leaping = leap is not None and leap == exit_id
+        leaping = leap == exit_id
         check = leap if self.leap_sent and not leaping else None
         self.site_confirmations, self.site_gaps = 0, 0.0  # no site probe is clean now
         clean_gap = admitted_at - pl.last_clean
