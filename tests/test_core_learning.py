@@ -238,7 +238,6 @@ def test_the_start_rate_is_proven_by_one_scout_while_the_others_wait_for_it():
     assert lim.pair_rate(ostate, ostate.scout, lim.pair_state(SITE, ostate.scout)) == 4.0
 
 
-
 def discovery_with_a_leap(n=4):
     """A first request on every exit, all answered at once: the scout proves the start
     rate (2 r/s), the leap tries twice that. Returns (lim, clock, learner, leap)."""
@@ -304,7 +303,6 @@ def test_a_leaps_test_under_way_is_the_check_on_the_scouts_first_429():
     assert not isinstance(lim.try_admit(SITE), Lease)  # nobody else checks
     answer(lim, clock, test, status=429)  # the leap's 429 agrees
     assert ol.pool.hi == 2.0 and ol.pool.lo == 1.0
-
 
 
 def test_a_leap_whose_test_is_not_under_way_is_no_check():
@@ -375,7 +373,6 @@ def test_no_leap_when_the_start_rate_is_known_or_refused():
     assert not ol.wants_leap()
 
 
-
 def test_the_leap_is_shared_like_the_scout():
     """Other processes (Redis backend) adopt the leap with the rest of the learning: one
     leap per origin across processes, and a test of theirs answered here counts."""
@@ -391,6 +388,7 @@ def test_the_leap_is_shared_like_the_scout():
                     pair_of=lambda key: other.state.pair(ostate, key),
                     configured=lambda _: None)
     assert ostate.learner.leap == leap and ostate.learner.scout == ol.scout
+
 
 def test_a_slow_start_raise_that_draws_429s_on_many_exits_goes_back_not_halves():
     """Slow start raised the pool on one clean answer (a jittery path's luck): when the

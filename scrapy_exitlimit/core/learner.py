@@ -668,15 +668,9 @@ class OriginLearner(SharedRateLearner):
         pool = self.pool
         if leaping and self.wants_leap() and not wider and math.isfinite(clean_gap) and \
                 self.active_exits(now) > 1:
-            # twice the start rate refused: this exit's own until another exit agrees,
-            # as a scout's first 429 is; the scout goes on proving the start rate
-            self.suspect, self.suspect_rate = exit_id, rate
-            pl.own = RateEstimate(pool.lo, floor=self.min_rate, ceiling=pool.ceiling,
-                                  proven=False)
-            pl.own.rejected(rate, now, pl.rate_streak)
-            return [Event("rate_down", origin, exit_id,
-                          f"429 at {rate:.3g} r/s: this exit's own, until another exit "
-                          "agrees")]
+            # twice the start rate refused: a lone 429, as a scout's first one is; the
+            # scout goes on proving the start rate
+            return self._lone_429(origin, exit_id, pl, rate, now)
         if self.scout == exit_id and (rate > pool.lo * (1 + 1e-9) or not pool.proven) and (
                 not wider and math.isfinite(clean_gap)):
             # what the 429 proves: arrivals may have come as much closer than sent as
@@ -738,14 +732,9 @@ class OriginLearner(SharedRateLearner):
         if pool.hi is None and self.active_exits(now) > 1:
             if self.suspect is None or self.suspect == exit_id:
                 # one exit's 429 is not yet the pool's ceiling: another exit checks it
-                self.suspect, self.suspect_rate = exit_id, rate
-                pl.own = RateEstimate(pool.lo, floor=self.min_rate, ceiling=pool.ceiling,
-                                      proven=pool.proven)
-                pl.own.rejected(rate, now, pl.rate_streak)
+                events = self._lone_429(origin, exit_id, pl, rate, now)
                 self.scout = check if check is not None else pick_scout([exit_id])
-                return [Event("rate_down", origin, exit_id,
-                              f"429 at {rate:.3g} r/s: this exit's own, until another "
-                              "exit agrees")]
+                return events
             # a second exit agrees: it was the pool's ceiling after all
             suspect = self.learning_of(self.suspect)
             if suspect is not None:
@@ -765,6 +754,18 @@ class OriginLearner(SharedRateLearner):
             self.ceiling_by, self.ceiling_lo = agreed, pool.lo
             self.ceiling_at_start = at_start and bool(agreed)
         return events
+
+    def _lone_429(self, origin: str, exit_id: str, pl: PairLearning, rate: float,
+                  now: float) -> list[Event]:
+        """A first 429 while the pool has no ceiling: ``exit_id``'s own limit (the
+        suspect's, with an estimate of its own) until another exit agrees."""
+        pool = self.pool
+        self.suspect, self.suspect_rate = exit_id, rate
+        pl.own = RateEstimate(pool.lo, floor=self.min_rate, ceiling=pool.ceiling,
+                              proven=pool.proven)
+        pl.own.rejected(rate, now, pl.rate_streak)
+        return [Event("rate_down", origin, exit_id,
+                      f"429 at {rate:.3g} r/s: this exit's own, until another exit agrees")]
 
     def _outpaced(self, exit_id: str) -> bool:
         """Whether ``exit_id`` set the pool's ceiling and the pool has since run clean
