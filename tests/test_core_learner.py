@@ -389,3 +389,30 @@ def test_the_start_rate_proven_says_so_and_every_other_rate_up_moves(leap, first
     assert ups[0] == first, ups
     moves = [d.removesuffix(" r/s").split(" -> ") for d in ups[1:]]
     assert moves and all(len(m) == 2 and m[0] != m[1] for m in moves), ups
+
+
+def test_a_given_rates_429_after_a_pause_backs_off_from_the_rate_not_to_the_floor():
+    # 3 s clean at a given 5 r/s, 30 s with nothing to send, then a 429: nothing was taken
+    # from the pair lately, which bounds nothing (it had sent the pair to 0.05 r/s)
+    clock = FakeClock(0.0)
+    lim = limiter(3, clock, rate=5.0)
+    drive(lim, clock, OriginModel(per_ip=lambda: Gcra(5.0)), 3.0)
+    clock.advance(30.0)
+    lease = lim.try_admit(SITE)
+    assert isinstance(lease, Lease)
+    clock.advance(0.002)
+    lim.rate_limited(SITE, lease.exit_id, 1.0, lease)
+    own = lim.pair_state(SITE, lease.exit_id).learning.own
+    assert own is not None and 4.0 <= own.lo < 5.0
+
+
+def test_a_pair_under_a_given_rate_keeps_the_pace_it_just_took_clean():
+    # 2 r/s per IP under a given 5: the pairs back off in a streak (to 1 r/s), then probe
+    # back up; the 429 at a probe over 2 keeps what the server just took, not the low
+    clock = FakeClock(0.0)
+    lim = limiter(2, clock, rate=5.0)
+    drive(lim, clock, OriginModel(per_ip=lambda: Gcra(2.0)), 5.0)
+    for i in range(2):
+        own = lim.pair_state(SITE, f"127.0.0.{10 + i}:3128").learning.own
+        assert own is not None and own.hi is not None
+        assert 1.8 <= own.lo <= 2.0 <= own.hi, own

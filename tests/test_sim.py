@@ -27,6 +27,10 @@ FLOORS = {
     ("site-only", "learned"): (0.90, 0.042),
     ("mixed", "learned"): (0.74, 0.042),
     ("mixed", "known"): (0.79, 0.026),
+    # (known: 0.79 at 7.4 % until a 429 after a pause, nothing taken lately, stopped
+    # sending the pair to the floor rate, and a pair kept the pace it had just taken)
+    ("given-high", "learned"): (0.94, 0.016),
+    ("given-high", "known"): (0.81, 0.079),
     # (0.83, 3.7 % until the pool halved on a 429 wave over three exits or more; 0.86,
     # 2.6 % until jitter-like 429s among mostly clean answers were the pool's, not the
     # site's)

@@ -645,6 +645,9 @@ class OriginLearner(SharedRateLearner):
         recent = [g for at, g in pl.clean_gaps if now - at <= RECENT and math.isfinite(g)]
         fastest = min(recent, default=math.inf)
         reference = fastest
+        # the fastest pace the server took from the pair lately (None: it took nothing
+        # lately, after a pause or a cooldown: no bound, rather than the floor)
+        taken = 1.0 / fastest if recent else None
         if not recent and pl.own is None and self.pool.proven:
             reference = 1.0 / self.pool.lo
         closer = clean_gap < reference * CLEARLY_CLOSER - slack
@@ -683,7 +686,7 @@ class OriginLearner(SharedRateLearner):
         if own is not None and rate > own.lo * (1 + 1e-9) and not wider:
             # a pair probing its own limit found it
             return self._lower(origin, exit_id, own, rate, pl.rate_streak, admitted_at, now,
-                               1.0 / fastest)
+                               taken)
         if not closer and self.active_exits(now) > 1:  # (one exit alone: it is the pair)
             if scopes:  # a key the request carries, whatever exit it left from
                 return [ev for key, scope in scopes
@@ -695,7 +698,7 @@ class OriginLearner(SharedRateLearner):
             # (a given rate met by jitter: the pair settles under it, as below)
         if pl.own is not None:
             return self._lower(origin, exit_id, pl.own, rate, pl.rate_streak, admitted_at, now,
-                               1.0 / fastest)
+                               taken)
         events = self._pool_429(origin, exit_id, pl, rate, admitted_at, now)
         if events is not None:
             return events
@@ -704,7 +707,8 @@ class OriginLearner(SharedRateLearner):
             return []
         # the pool's known-clean rate is too fast for this exit: it learns its own
         own = pl.own = self._slow_estimate(rate)
-        own.lo = max(own.floor, min(rate * backoff(pl.rate_streak), 1.0 / fastest))
+        backed_off = rate * backoff(pl.rate_streak)
+        own.lo = max(own.floor, backed_off if taken is None else min(backed_off, taken))
         own.hi = own.seen = rate
         own.changed_at = now
         events = [Event("rate_down", origin, exit_id,
@@ -775,16 +779,22 @@ class OriginLearner(SharedRateLearner):
         return exit_id in self.ceiling_by and self.pool.lo >= self.ceiling_lo * OUTPACED
 
     def _lower(self, origin: str, exit_id: str | None, est: RateEstimate, rate: float,
-               streak: int, admitted_at: float, now: float, taken: float = math.inf
+               streak: int, admitted_at: float, now: float, taken: float | None = None
                ) -> list[Event]:
         """Learn a 429 at ``rate`` once per congestion event; ``taken``: the fastest pace
-        the server recently took from this pair (its own limit is no slower)."""
+        the server recently took from this pair (its own limit is no slower; None: it took
+        nothing lately)."""
         if admitted_at < est.changed_at:
             return []  # same congestion event as an earlier 429
         before = est.lo
         est.rejected(rate, now, streak)
-        if taken < est.lo:  # straight to what the server took, not down in small steps
-            est.lo = max(taken, est.floor)
+        if taken is not None and taken < est.lo:
+            est.lo = max(taken, est.floor)  # straight to what the server took
+        elif taken is not None and exit_id is not None and est.hi is not None:
+            # a pair's own limit: the pace it just took is clean, however far under it
+            # earlier 429s had put the estimate (a streak's backoff, a gap that spanned
+            # a cooldown): a pair under a given rate climbs to a raised limit from there
+            est.lo = max(est.lo, min(taken, est.hi * backoff(1)))
         return [Event("rate_down", origin, exit_id,
                       f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                       f"ceiling {est.hi:.3g}")]

@@ -79,6 +79,8 @@ SCENARIOS = [
              _moving_ideal(5.0, 2.0, 6.0), 5.0, share_from=6.0),
     Scenario("loosen", "2 -> 5 r/s per IP at 6 s", _single(_moving(2.0, 5.0, 6.0), 1000),
              _moving_ideal(2.0, 5.0, 6.0), 5.0, share_from=6.0),
+    Scenario("given-high", "2 r/s per IP, 5 given (known: a rate given too high)", _single(
+        lambda: OriginModel(per_ip=_per_ip(2.0)), 1000), lambda ok: ok / 20, 5.0),
     Scenario("burst", "5 r/s per IP, burst 5", _single(
         lambda: OriginModel(per_ip=_per_ip(5.0, 5)), 1000), lambda ok: ok / 50, 5.0),
     Scenario("fixed-window", "20 per 10 s per IP, fixed windows", _single(
