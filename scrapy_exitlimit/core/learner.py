@@ -788,13 +788,16 @@ class OriginLearner(SharedRateLearner):
             return []  # same congestion event as an earlier 429
         before = est.lo
         est.rejected(rate, now, streak)
-        if taken is not None and taken < est.lo:
-            est.lo = max(taken, est.floor)  # straight to what the server took
-        elif taken is not None and exit_id is not None and est.hi is not None:
-            # a pair's own limit: the pace it just took is clean, however far under it
-            # earlier 429s had put the estimate (a streak's backoff, a gap that spanned
-            # a cooldown): a pair under a given rate climbs to a raised limit from there
-            est.lo = max(est.lo, min(taken, est.hi * backoff(1)))
+        if taken is not None:
+            if taken < est.lo:  # straight to what the server took, not down in small steps
+                est.lo = max(taken, est.floor)
+            elif est is not self.pool:
+                # a pair's own limit: the pace it just took is clean, however far under
+                # it earlier 429s had put the estimate (a streak's backoff, a gap that
+                # spanned a cooldown): a pair under a given rate climbs to a raised limit
+                # from there (``rejected`` has just set the ceiling)
+                assert est.hi is not None
+                est.lo = max(est.lo, min(taken, est.hi * backoff(1)))
         return [Event("rate_down", origin, exit_id,
                       f"429 at {rate:.3g} r/s: clean {before:.3g} -> {est.lo:.3g}, "
                       f"ceiling {est.hi:.3g}")]
