@@ -118,17 +118,23 @@ class AdmissionQueue:
             raise HandedBack
         now = self.clock()
         key = (origin, pinned, scopes)
+        ready_at = math.inf
         if self.backend.synchronous and not self.queues.get(key):
             admission = self._admit(key, 1, now)
             assert isinstance(admission, Admission)
             if admission.leases:
                 self.on_admit(None, admission.leases[0], now)
                 return admission.leases[0]
+            ready_at = admission.ready_at
         waiter = Waiter(key, now, self.waitable())
         self.queues.setdefault(key, deque()).append(waiter)
         self.parked += 1
         if self.backend.synchronous:
-            self._process()
+            # No second try: the one above has just failed, and a request queued behind
+            # others of its queue goes after them, when the timer armed for them fires
+            # or a release wakes the lot. A try per parked request (a scan of every exit)
+            # was most of the admission's cost in a crawl that parks what it cannot send.
+            self._arm(min(self._timer_at, ready_at), now)
         elif self._soon is None:  # requests parked in the same loop turn share one call
             self._soon = self._call_soon(self._wake_now)
         return waiter.result

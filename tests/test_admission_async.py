@@ -1,7 +1,8 @@
-"""The parking lot with an asynchronous backend (Redis): no wake-up may be lost."""
+"""The parking lot: no wake-up may be lost (an asynchronous backend), no try wasted."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest_twisted
@@ -76,3 +77,40 @@ async def test_an_answer_that_needs_no_release_waits_for_its_time_only():
     queue.close()
     backend.calls[1].callback(Admission([lease(3)], 1000.0))
     assert backend.released == [3]  # closed meanwhile: the lease goes back
+
+
+class CountingBackend:
+    """A synchronous backend (the memory one's shape) that admits only when told to."""
+
+    synchronous = True
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.free: list[Lease] = []
+
+    def clock(self) -> float:
+        return 1000.0
+
+    def admit(self, origin, want, now, pinned=None) -> Admission:
+        self.tries += 1
+        if self.free:
+            return Admission([self.free.pop(0)], now)
+        return Admission([], math.inf)  # nothing free: only a release can help
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_parked_behind_others_costs_no_admission_try():
+    backend = CountingBackend()
+    queue = AdmissionQueue(backend, lambda *a: None)
+    waiting = [queue.acquire("http://o") for _ in range(5)]
+    # one try, the first request's: the others queue behind it, as they must (FIFO)
+    assert backend.tries == 1
+    assert queue.parked == 5
+    backend.free = [lease(1), lease(2)]
+    queue.wake()  # a release
+    await turn()
+    fired = [w.done() if isinstance(w, asyncio.Future) else w.called for w in waiting]
+    assert fired == [True, True, False, False, False]
+    assert (await waiting[0]).id == 1
+    assert backend.tries == 4  # two leases, then the try that found nothing more
+    queue.close()
