@@ -30,7 +30,7 @@ Three things end an exit's walk, and they mean different things:
 
 The **suggested concurrency**, for an exit that saturated or failed above its lowest
 level, is how many requests it really kept in service by Little's law: its best
-throughput x its unloaded time (the lowest level's median), rounded, at most the highest
+throughput x its unloaded time (the lowest median of its levels), rounded, at most the highest
 level it carried. Past that, requests only queue: a cap there loses nothing and keeps
 a crawl's late binding free to send them to an exit with room. An exit that never
 saturated up to the highest level is suggested that level (it may carry more), and so
@@ -187,8 +187,9 @@ def analyze(exit_id: str, results: Sequence[LevelResult]) -> ExitVerdict:
     throughput = {r.level: r.throughput or 0.0 for r in counted}
     if not counted or (stop == Stop.RATE_LIMITED):
         return ExitVerdict(exit_id, ordered, knee, reason, None, throughput, stop)
-    # the median: one slow answer at the lowest level would inflate the estimate
-    unloaded = statistics.median(counted[0].latencies)
+    # the median, and the lowest of the levels' (queueing only adds): one slow answer,
+    # or a slow spell of this machine's during the lowest level, would inflate it
+    unloaded = min(statistics.median(r.latencies) for r in counted)
     if stop is None or unloaded < FAST_ANSWER:  # it carried the highest level counted
         return ExitVerdict(exit_id, ordered, knee, reason, counted[-1].level, throughput, stop)
     in_service = max(throughput.values()) * unloaded

@@ -179,6 +179,14 @@ def test_between_two_levels_littles_law_gives_the_capacity():
     assert verdict.knee == 16 and verdict.suggested == 6
 
 
+def test_a_slow_spell_at_the_lowest_level_does_not_inflate_the_capacity():
+    # capacity 2 at 0.05 s, but this machine was busy while level 1 ran (0.065 s): the
+    # unloaded time is the lowest level's median that queueing did not lengthen, 0.05 s
+    # (40/s x 0.065 s would be 2.6 in service, suggested 3)
+    verdict = analyze("e:1", [level(1, 0.065), level(2, 0.05), level(4, 0.1)])
+    assert verdict.knee == 4 and verdict.suggested == 2
+
+
 @pytest_twisted.ensureDeferred
 async def test_probe_times_whole_bodies_and_tells_429s_from_saturation(tmp_path):
     # exit 0: a proxy that forwards 2 at once, bodies that take 0.1 s to send (the head
