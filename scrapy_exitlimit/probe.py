@@ -187,11 +187,14 @@ def analyze(exit_id: str, results: Sequence[LevelResult]) -> ExitVerdict:
     throughput = {r.level: r.throughput or 0.0 for r in counted}
     if not counted or (stop == Stop.RATE_LIMITED):
         return ExitVerdict(exit_id, ordered, knee, reason, None, throughput, stop)
+    # answers this fast are judged as the walk judged them (machine-bound): by the lowest
+    # level's median
+    if stop is None or statistics.median(counted[0].latencies) < FAST_ANSWER:
+        # it carried the highest level counted
+        return ExitVerdict(exit_id, ordered, knee, reason, counted[-1].level, throughput, stop)
     # the median, and the lowest of the levels' (queueing only adds): one slow answer,
     # or a slow spell of this machine's during the lowest level, would inflate it
     unloaded = min(statistics.median(r.latencies) for r in counted)
-    if stop is None or unloaded < FAST_ANSWER:  # it carried the highest level counted
-        return ExitVerdict(exit_id, ordered, knee, reason, counted[-1].level, throughput, stop)
     in_service = max(throughput.values()) * unloaded
     suggested = max(1, min(counted[-1].level, round(in_service)))
     return ExitVerdict(exit_id, ordered, knee, reason, suggested, throughput, stop)

@@ -187,6 +187,14 @@ def test_a_slow_spell_at_the_lowest_level_does_not_inflate_the_capacity():
     assert verdict.knee == 4 and verdict.suggested == 2
 
 
+def test_a_fast_level_above_a_slow_lowest_one_is_not_taken_for_a_machine_bound_exit():
+    # level 1 at 12 ms (a slow spell), level 2 at 8 ms, saturated at 4: not machine-bound
+    # (the walk judged the lowest level, 12 ms), so Little's law: 250/s x 8 ms = 2, not
+    # the saturated level 4 a fast-answer verdict would suggest
+    verdict = analyze("e:1", [level(1, 0.012), level(2, 0.008), level(4, 0.06)])
+    assert verdict.stop == Stop.SATURATED and verdict.suggested == 2
+
+
 @pytest_twisted.ensureDeferred
 async def test_probe_times_whole_bodies_and_tells_429s_from_saturation(tmp_path):
     # exit 0: a proxy that forwards 2 at once, bodies that take 0.1 s to send (the head
