@@ -176,20 +176,24 @@ class AdmissionQueue:
             return
         now = self.clock()
         earliest = math.inf
-        active = [k for k, q in self.queues.items() if q]
-        # round-robin over queues so one busy origin cannot take every lease first
-        while active:
-            still = []
-            for key in active:
-                admission = self._admit(key, 1, now)
-                assert isinstance(admission, Admission)
-                if admission.leases:
-                    self._hand_out(key, admission.leases, now)
-                    if self.queues.get(key):
-                        still.append(key)
-                else:
-                    earliest = min(earliest, admission.ready_at)
-            active = still
+        more = False
+        # One lease per queue per turn of the event loop; a queue that got one comes back
+        # on the next turn. Leases handed out together send their requests together, and
+        # their answers then come back together, turn after turn: Scrapy handles them in
+        # one loop turn, each starting CONCURRENT_ITEMS + 1 tasks, which outlive enough
+        # collections to be promoted, and full collections come every 0.4 s (a learned
+        # no-limit crawl, its exits in step since slow start: 26 of 50-80 ms each, 8 in
+        # a bare crawl). Spread over turns, the answers come back one by one.
+        for key in [k for k, q in self.queues.items() if q]:
+            admission = self._admit(key, 1, now)
+            assert isinstance(admission, Admission)
+            if admission.leases:
+                self._hand_out(key, admission.leases, now)
+                more = more or bool(self.queues.get(key))
+            else:
+                earliest = min(earliest, admission.ready_at)
+        if more and self._soon is None:
+            self._soon = self._call_soon(self._wake_now)
         self._arm(earliest, now)
 
     def _hand_out(self, key: QueueKey, leases: list[Lease], now: float) -> None:

@@ -114,3 +114,26 @@ async def test_a_request_parked_behind_others_costs_no_admission_try():
     assert (await waiting[0]).id == 1
     assert backend.tries == 4  # two leases, then the try that found nothing more
     queue.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_leases_free_at_once_go_out_one_per_queue_per_loop_turn():
+    # handed out together, requests go out together and their answers come back together,
+    # turn after turn (a learned crawl's exits in step since slow start); one per turn
+    # lets them drift apart
+    backend = CountingBackend()
+    queue = AdmissionQueue(backend, lambda *a: None)
+    waiting = {o: [queue.acquire(o) for _ in range(2)] for o in ("http://a", "http://b")}
+    backend.free = [lease(n) for n in range(1, 5)]
+
+    def settled() -> dict[str, int]:
+        return {o: sum(w.done() if isinstance(w, asyncio.Future) else w.called for w in ws)
+                for o, ws in waiting.items()}
+
+    queue._process()  # one turn
+    assert settled() == {"http://a": 1, "http://b": 1}
+    assert queue._soon is not None  # the rest on the next turn, not on a release
+    await turn()
+    assert settled() == {"http://a": 2, "http://b": 2}
+    assert queue.parked == 0
+    queue.close()
