@@ -136,8 +136,8 @@ class AdmissionQueue:
             # was nearly half of a parking crawl's tries). A timer armed sooner stays.
             if ready_at < self._timer_at:
                 self._arm(ready_at, now)
-        elif self._soon is None:  # requests parked in the same loop turn share one call
-            self._soon = self._call_soon(self._wake_now)
+        else:  # requests parked in the same loop turn share one call
+            self._wake_soon()
         return waiter.result
 
     def _admit(self, key: QueueKey, want: int, now: float) -> Any:
@@ -151,10 +151,11 @@ class AdmissionQueue:
         loop (the cheapest there), else a Deferred."""
         return asyncio.get_running_loop().create_future() if self._asyncio else Deferred()
 
-    def _call_soon(self, func: Callable[[], None]) -> Any:
-        if self._asyncio:
-            return asyncio.get_running_loop().call_soon(func)
-        return call_later(0, func)
+    def _wake_soon(self) -> None:
+        """Look again on the next loop turn (once, however often asked this turn)."""
+        if self._soon is None:
+            self._soon = asyncio.get_running_loop().call_soon(self._wake_now) \
+                if self._asyncio else call_later(0, self._wake_now)
 
     def wake(self) -> None:
         """State changed (a lease was released, a cooldown set): look again soon."""
@@ -163,8 +164,7 @@ class AdmissionQueue:
         self._stale_answer.update(self._pending)
         for key in [k for k in self._ready_at if k not in self._release_no_help]:
             del self._ready_at[key]
-        if self._soon is None:
-            self._soon = self._call_soon(self._wake_now)
+        self._wake_soon()
 
     def _wake_now(self) -> None:
         self._soon = None
@@ -192,8 +192,8 @@ class AdmissionQueue:
                 more = more or bool(self.queues.get(key))
             else:
                 earliest = min(earliest, admission.ready_at)
-        if more and self._soon is None:
-            self._soon = self._call_soon(self._wake_now)
+        if more:
+            self._wake_soon()
         self._arm(earliest, now)
 
     def _hand_out(self, key: QueueKey, leases: list[Lease], now: float) -> None:

@@ -44,6 +44,11 @@ async def turn() -> None:
     await deferLater(reactor, 0.01, lambda: None)
 
 
+def fired(waiting: asyncio.Future | Deferred) -> bool:
+    """Whether a parked request got its lease (or failed)."""
+    return waiting.done() if isinstance(waiting, asyncio.Future) else waiting.called
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_release_during_an_admission_call_is_not_lost():
     backend = ManualBackend()
@@ -109,8 +114,7 @@ async def test_a_request_parked_behind_others_costs_no_admission_try():
     backend.free = [lease(1), lease(2)]
     queue.wake()  # a release
     await turn()
-    fired = [w.done() if isinstance(w, asyncio.Future) else w.called for w in waiting]
-    assert fired == [True, True, False, False, False]
+    assert [fired(w) for w in waiting] == [True, True, False, False, False]
     assert (await waiting[0]).id == 1
     assert backend.tries == 4  # two leases, then the try that found nothing more
     queue.close()
@@ -127,7 +131,7 @@ async def test_leases_free_at_once_go_out_one_per_queue_per_loop_turn():
     backend.free = [lease(n) for n in range(1, 5)]
 
     def settled() -> dict[str, int]:
-        return {o: sum(w.done() if isinstance(w, asyncio.Future) else w.called for w in ws)
+        return {o: sum(fired(w) for w in ws)
                 for o, ws in waiting.items()}
 
     queue._process()  # one turn
