@@ -281,6 +281,18 @@ if op == 'admit' then
     end
     if admitted == 0 then
       wait = math.min(wait, opens)
+    else
+      -- the caller holds what was reserved and asks again when a pair passed over (not
+      -- known warm, beyond the horizon, or past `want`) is due, not at the reserved times:
+      -- a cold pair waiting for the last reservation went late, its whole interval lost
+      wait = opens
+      local floor = #shared > 0 and shared_ready() or NEG
+      for i = 1, n do
+        local x = c[i]
+        if x.busy < x.limit then
+          wait = math.min(wait, math.max(x.tat - x.tol, x.block, floor))
+        end
+      end
     end
   end
   if admitted > 0 then

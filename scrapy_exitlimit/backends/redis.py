@@ -216,6 +216,8 @@ class RedisBackend(Backend):
         self._next_call = -math.inf
         #: origin -> leases reserved for later, by time (a call hands them out when due)
         self._held: dict[str, list[tuple[float, int, Lease]]] = {}
+        #: origin -> while leases are held, when to call again for the pairs not reserved
+        self._recall_at: dict[str, float] = {}
         #: large pools: origin -> the exits used last (most recent last) and their candidacy
         self._warm: dict[str, dict[str, Candidate]] = {}
         self._planned: dict[str, float] = {}  # origin -> when it was last planned
@@ -658,6 +660,7 @@ class RedisBackend(Backend):
             self._marks.pop(origin, None)
             self._mark_checked.pop(origin, None)
             self._shared_sent.pop(origin, None)
+            self._recall_at.pop(origin, None)
         if origin not in self._learn_seen:  # first met: start from what Redis holds
             await self._pull_learning(origin, "")
             if not self.shared:
@@ -668,7 +671,24 @@ class RedisBackend(Backend):
             if scope.rate is None:  # learned: what the other processes learned first
                 await self._follow_scope(scope)
         if pinned is None and not scopes and origin in self._held:
-            return self._from_held(origin, now)
+            held = self._from_held(origin, now)
+            recall = self._recall_at.get(origin, math.inf)
+            if held.leases or now < recall:
+                return held._replace(ready_at=min(held.ready_at, recall))
+            # a pair the reserving call passed over is due before the reserved tokens: ask
+            # for it, those still held
+            admission = await self._call_admit(origin, want, pinned, scopes, now)
+            if origin in self._held:
+                admission = admission._replace(
+                    ready_at=min(admission.ready_at, self._held[origin][0][0]))
+            return admission
+        return await self._call_admit(origin, want, pinned, scopes, now)
+
+    async def _call_admit(self, origin: str, want: int, pinned: str | None,
+                          scopes: tuple[Scope, ...], now: float) -> Admission:
+        """The admission call itself (after what needs none: a warm start's stagger, the
+        leases reserved before)."""
+        limiter = self.limiter
         # this process's first request under a shared budget goes alone, and the next
         # waits for its answer (``ArrivalFloor.gate``: its own cold connections)
         gate, first = limiter.first_answer_gate(origin, scopes, now)
@@ -738,10 +758,11 @@ class RedisBackend(Backend):
         self._sync_learning(origin)
         self._sent(leases)
         if reserved:  # tokens reserved for later: each request goes at its token's time
-            reserved.sort()
-            self._held[origin] = reserved
-            self._next_call = reserved[-1][0]
-            return Admission(leases, self.clock() if leases else reserved[0][0], False)
+            held = self._held[origin] = sorted([*self._held.get(origin, ()), *reserved])
+            # (the script's wait is then when a pair it passed over is due: ask again then)
+            self._recall_at[origin] = wait
+            self._next_call = min(wait, held[-1][0])
+            return Admission(leases, min(wait, held[0][0]), False)
         if lease_blocked:
             wait = min(wait, self.clock() + LEASE_POLL)
         # a pair waiting for its first answer (single file) is woken by that answer
@@ -750,6 +771,8 @@ class RedisBackend(Backend):
         # this process's plan says of the pairs
         ready_at = wait if shared_blocked else min(wait, earliest)
         self._next_call = self.clock() if leases else ready_at
+        if origin in self._held:  # still holding reserved leases: call again at ready_at
+            self._recall_at[origin] = ready_at
         return Admission(leases, ready_at, release_helps)
 
     def _shared_wake(self, origin: str, now: float, reserving: bool) -> float | None:
