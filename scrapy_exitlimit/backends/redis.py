@@ -677,12 +677,14 @@ class RedisBackend(Backend):
                 return held._replace(ready_at=min(held.ready_at, recall))
             # a pair the reserving call passed over is due before the reserved tokens: ask
             # for it, those still held
-            admission = await self._call_admit(origin, want, pinned, scopes, now)
-            if origin in self._held:
-                admission = admission._replace(
-                    ready_at=min(admission.ready_at, self._held[origin][0][0]))
+        admission = await self._call_admit(origin, want, pinned, scopes, now)
+        held_leases = self._held.get(origin)
+        if not held_leases:
             return admission
-        return await self._call_admit(origin, want, pinned, scopes, now)
+        # holding reserved leases: Redis is called again at the call's ready_at (for the
+        # pairs not reserved), the parking lot woken for the first reserved one too
+        self._recall_at[origin] = admission.ready_at
+        return admission._replace(ready_at=min(admission.ready_at, held_leases[0][0]))
 
     async def _call_admit(self, origin: str, want: int, pinned: str | None,
                           scopes: tuple[Scope, ...], now: float) -> Admission:
@@ -760,9 +762,8 @@ class RedisBackend(Backend):
         if reserved:  # tokens reserved for later: each request goes at its token's time
             held = self._held[origin] = sorted([*self._held.get(origin, ()), *reserved])
             # (the script's wait is then when a pair it passed over is due: ask again then)
-            self._recall_at[origin] = wait
             self._next_call = min(wait, held[-1][0])
-            return Admission(leases, min(wait, held[0][0]), False)
+            return Admission(leases, wait, False)
         if lease_blocked:
             wait = min(wait, self.clock() + LEASE_POLL)
         # a pair waiting for its first answer (single file) is woken by that answer
@@ -771,8 +772,6 @@ class RedisBackend(Backend):
         # this process's plan says of the pairs
         ready_at = wait if shared_blocked else min(wait, earliest)
         self._next_call = self.clock() if leases else ready_at
-        if origin in self._held:  # still holding reserved leases: call again at ready_at
-            self._recall_at[origin] = ready_at
         return Admission(leases, ready_at, release_helps)
 
     def _shared_wake(self, origin: str, now: float, reserving: bool) -> float | None:
