@@ -84,11 +84,26 @@ def exit_ip(value: bytes | None) -> str | None:
         return None
 
 
+#: (scheme, netloc) -> origin: every request asks, and a crawl sees few hosts
+_ORIGINS: dict[tuple[str, str], str] = {}
+_ORIGINS_MAX = 4096
+
+
 def origin_of(request: Request) -> str:
     """scheme://host[:port], or the request's ``exitlimit_origin`` (to group hosts as one)."""
     if key := request.meta.get("exitlimit_origin"):
         return str(key)
     parts = urlparse_cached(request)
+    key = (parts.scheme, parts.netloc)
+    origin = _ORIGINS.get(key)
+    if origin is None:
+        if len(_ORIGINS) >= _ORIGINS_MAX:  # a broad crawl of ever new hosts: start over
+            _ORIGINS.clear()
+        origin = _ORIGINS[key] = _origin(parts)
+    return origin
+
+
+def _origin(parts: Any) -> str:
     default_port = {"http": 80, "https": 443}.get(parts.scheme)
     host = (parts.hostname or "").lower()
     if parts.port and parts.port != default_port:
@@ -113,6 +128,16 @@ class RateChanges:
         changed.update((key, None) for key in self.recorded if key not in limited)
         self.recorded = limited
         return changed
+
+
+class _Tally:
+    """Counts of admissions, parked requests and waits since the last flush to stats."""
+
+    __slots__ = ("admitted", "parked", "parked_max", "wait_max", "wait_sum", "waits")
+
+    def __init__(self) -> None:
+        self.admitted = self.parked = self.parked_max = self.waits = 0
+        self.wait_sum = self.wait_max = 0.0
 
 
 class ExitLimitMiddleware:
@@ -159,6 +184,10 @@ class ExitLimitMiddleware:
         self._watch: Any = None
         self._cache: HttpCacheMiddleware | None = None
         self._blocked_since: dict[str, float] = {}
+        self._slots: dict[str, str] = {}  # exit id -> its download slot
+        #: per-request counts, added to Scrapy's stats a few times a second and at the end
+        #: (a stats call costs more than the rest of an admission's bookkeeping)
+        self._tally = _Tally()
         self._pool_dead_since: float | None = None
         self._forgot_at = -math.inf
         self._rates_at = -math.inf
@@ -197,6 +226,7 @@ class ExitLimitMiddleware:
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
+        self._flush_tally()
         for name, value in self.backend.stats().items():
             self.stats.set_value(f"exitlimit/{name}", value)
         self._save_state()
@@ -214,6 +244,7 @@ class ExitLimitMiddleware:
         """Periodic: notice the engine closing (no signal fires before it waits for
         us), fail requests no exit can serve, reclaim leaked leases."""
         self._watch = None
+        self._flush_tally()
         if engine_closing(self.crawler):
             self._close_queue("engine closing")
             return
@@ -236,6 +267,18 @@ class ExitLimitMiddleware:
         if self.state_file is not None and self.state_file.due():
             self._save_state()
         self._schedule_watch()
+
+    def _flush_tally(self) -> None:
+        tally, self._tally = self._tally, _Tally()
+        stats = self.stats
+        if tally.admitted:
+            stats.inc_value("exitlimit/admitted", tally.admitted)
+        if tally.parked:
+            stats.inc_value("exitlimit/parked", tally.parked)
+            stats.max_value("exitlimit/parked_max", tally.parked_max)
+        if tally.waits:
+            stats.inc_value("exitlimit/wait_seconds", tally.wait_sum, start=0.0)
+            stats.max_value("exitlimit/wait_seconds_max", tally.wait_max)
 
     def _record_rates(self) -> None:
         """Origin-wide and scope rates that changed since last time, to the sinks."""
@@ -304,7 +347,8 @@ class ExitLimitMiddleware:
 
     # -- admission ---------------------------------------------------------
     def _admitted(self, waiter: Waiter | None, lease: Lease, now: float) -> None:
-        self.stats.inc_value("exitlimit/admitted")
+        tally = self._tally
+        tally.admitted += 1
         if self.config.stats_per_exit:
             self.stats.inc_value(f"exitlimit/exit/{lease.exit_id}/admitted")
         if lease.scopes:
@@ -315,8 +359,9 @@ class ExitLimitMiddleware:
         waited = 0.0
         if waiter is not None:
             waited = now - waiter.parked_at
-            self.stats.inc_value("exitlimit/wait_seconds", waited, start=0.0)
-            self.stats.max_value("exitlimit/wait_seconds_max", waited)
+            tally.waits += 1
+            tally.wait_sum += waited
+            tally.wait_max = max(tally.wait_max, waited)
         if self.sinks:
             load = self.backend.exit_load(lease.exit_id)
             for sink in self.sinks:
@@ -326,6 +371,7 @@ class ExitLimitMiddleware:
     def snapshot(self) -> Snapshot:
         """Exits by state (for the origins now waiting, else all), totals, parked; the
         named scopes and the origins paced as a whole, with the slowest of each."""
+        self._flush_tally()
         now = self.backend.clock()
         counts = self.backend.exit_states(now, self.queue.origins())
         scope_rates = self.backend.scope_rates()
@@ -381,14 +427,17 @@ class ExitLimitMiddleware:
         lease_or_wait = self.queue.acquire(origin, pinned, scopes)
         if isinstance(lease_or_wait, Lease):
             return lease_or_wait
-        self.stats.inc_value("exitlimit/parked")
-        self.stats.max_value("exitlimit/parked_max", self.queue.parked)
+        tally = self._tally
+        tally.parked += 1
+        tally.parked_max = max(tally.parked_max, self.queue.parked)
         return await lease_or_wait  # a future on asyncio, a Deferred on other reactors
 
     def _slot_for(self, exit_id: str) -> str:
         """One download slot per exit, as wide as the exit's cap and with no delay of its own."""
-        key = SLOT_PREFIX + exit_id
-        set_slot_settings(self.crawler, key, self.backend.exit_load(exit_id).ceiling)
+        key = self._slots.get(exit_id)
+        if key is None:  # its settings are made once (set_slot_settings keeps the first)
+            key = self._slots[exit_id] = SLOT_PREFIX + exit_id
+            set_slot_settings(self.crawler, key, self.backend.exit_load(exit_id).ceiling)
         return key
 
     @staticmethod
@@ -431,7 +480,9 @@ class ExitLimitMiddleware:
             events += self.backend.rate_limited(lease, cooldown)
         elif signal is Signal.OK:
             latency = self.backend.clock() - lease.admitted_at
-            self.backend.cpu_bound(self.cpu_load.sample(time.monotonic(), time.process_time()))
+            wall = time.monotonic()
+            if self.cpu_load.due(wall):
+                self.backend.cpu_bound(self.cpu_load.sample(wall, time.process_time()))
             events += self.backend.success(lease, latency)
             quota = parse_ratelimit(response.headers, now=time.time())
             if quota is not None:

@@ -791,6 +791,16 @@ def test_cpu_load_is_the_cpu_share_of_the_last_window():
     assert not load.sample(wall=12.0, cpu=2.44)  # 0.84 s in 1 s: under 0.9
 
 
+def test_the_cpu_clock_is_read_only_when_a_window_starts_or_ends():
+    load = CpuLoad(window=0.5, share=0.9)
+    assert load.due(10.0)  # the first window begins
+    load.sample(wall=10.0, cpu=1.0)
+    assert not load.due(10.49)
+    assert load.due(10.5)
+    load.sample(wall=10.5, cpu=1.5)
+    assert not load.due(10.9) and load.due(11.0)
+
+
 def test_exit_limits_hold_while_the_process_is_cpu_bound():
     """What the glue says of the CPU reaches every exit's limit through the limiter."""
     clock = FakeClock(0.0)

@@ -467,3 +467,18 @@ def test_a_reordered_answer_within_a_window_is_not_read_as_its_opening():
     assert rate(59 - 1, 30) is None and "pair" not in windows.windows
     assert rate(20, 2) is None
     assert rate(50, 30) == pytest.approx(2.0)  # remaining and reset both jumped: it opened
+
+
+def test_header_names_are_read_alike_however_often_and_the_memo_stays_bounded():
+    """Header names are matched through a memo: the same answer every time, in any case
+    or spacing, and servers sending ever new names do not grow it without bound."""
+    from scrapy_exitlimit.core import ratelimit_headers as rh
+
+    for _ in range(3):
+        quota = parse_ratelimit(Headers({b"X-RateLimit-Remaining": b"7",
+                                         b" x-ratelimit-limit ": b"10"}), now=0.0)
+        assert quota is not None and quota.remaining == 7 and quota.limit == 10
+    for n in range(rh._NAMES_MAX + 10):
+        assert parse_ratelimit({f"X-Other-{n}": "1"}, now=0.0) is None
+    assert len(rh._NAMES) <= rh._NAMES_MAX
+    assert parse_ratelimit({"RateLimit-Remaining": "3"}, now=0.0).remaining == 3

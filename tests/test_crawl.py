@@ -166,6 +166,9 @@ class _Busy:
     def __init__(self, busy: bool) -> None:
         self.busy = busy
 
+    def due(self, wall: float) -> bool:
+        return True
+
     def sample(self, wall: float, cpu: float) -> bool:
         return self.busy
 

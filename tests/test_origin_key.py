@@ -17,3 +17,17 @@ from scrapy_exitlimit.middleware import origin_of
 )
 def test_origin_key(url, meta, expected):
     assert origin_of(Request(url, meta=meta)) == expected
+
+
+def test_origins_are_remembered_per_host_but_never_without_bound():
+    """Every request asks for its origin: the answer is kept per (scheme, host), and a
+    crawl of ever new hosts starts the memo over instead of growing it."""
+    from scrapy_exitlimit import middleware
+
+    for n in range(middleware._ORIGINS_MAX + 10):
+        assert origin_of(Request(f"http://h{n}.example.com:81/x")) == \
+            f"http://h{n}.example.com:81"
+    assert len(middleware._ORIGINS) <= middleware._ORIGINS_MAX
+    # the same host under another scheme or port is another origin
+    assert origin_of(Request("https://h1.example.com:81/")) == "https://h1.example.com:81"
+    assert origin_of(Request("http://h1.example.com/")) == "http://h1.example.com"

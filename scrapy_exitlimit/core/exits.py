@@ -30,7 +30,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -70,6 +70,7 @@ class Exit:
         return parts.username is not None or parts.password is not None
 
 
+@lru_cache(maxsize=4096)  # the download handler asks for every request
 def proxy_address(url: str) -> str:
     """``scheme://host:port`` of a proxy URL (``host:port``: http), lower case, default
     ports filled in, credentials left out: two spellings of one proxy compare equal."""

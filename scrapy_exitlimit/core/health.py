@@ -91,6 +91,11 @@ class CpuLoad:
         self.busy = False
         self._since: tuple[float, float] | None = None  # (wall, cpu) the window began at
 
+    def due(self, wall: float) -> bool:
+        """Whether a sample at ``wall`` would start the first window or end one (only
+        then can ``busy`` change: the CPU clock need not be read otherwise)."""
+        return self._since is None or wall - self._since[0] >= self.window
+
     def sample(self, wall: float, cpu: float) -> bool:
         """``busy`` as of the last window that ended by ``wall`` (``cpu``: the process's
         CPU seconds then)."""

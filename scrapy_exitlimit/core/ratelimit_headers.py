@@ -202,9 +202,9 @@ def _collect(headers: Any) -> dict[str, list[str]]:
     if callable(items):
         try:
             for key, value in items():
-                name = _text(key)
-                if name is not None and name.strip().lower() in _WANTED:
-                    found.setdefault(name.strip().lower(), []).extend(_values(value))
+                name = _wanted_name(key)
+                if name is not None:
+                    found.setdefault(name, []).extend(_values(value))
             return found
         except Exception:  # an exotic mapping; fall back to get()
             found.clear()
@@ -221,6 +221,27 @@ def _collect(headers: Any) -> dict[str, list[str]]:
                 found[name.lower()] = values
                 break
     return found
+
+
+#: header name as sent -> the name we read it as (None: not one of ours); every answer
+#: carries the same few names, and this runs on each one
+_NAMES: dict[object, str | None] = {}
+_NAMES_MAX = 1024
+
+
+def _wanted_name(key: object) -> str | None:
+    try:
+        return _NAMES[key]
+    except (KeyError, TypeError):  # new, or unhashable
+        pass
+    text = _text(key)
+    name = text.strip().lower() if text is not None else None
+    name = name if name in _WANTED else None
+    if isinstance(key, (str, bytes)):
+        if len(_NAMES) >= _NAMES_MAX:  # odd servers sending ever new names: start over
+            _NAMES.clear()
+        _NAMES[key] = name
+    return name
 
 
 def _text(value: object) -> str | None:
