@@ -99,12 +99,12 @@ class CpuLoad:
     def sample(self, wall: float, cpu: float) -> bool:
         """``busy`` as of the last window that ended by ``wall`` (``cpu``: the process's
         CPU seconds then)."""
-        if self._since is None:
-            self._since = (wall, cpu)
-        elif wall - self._since[0] >= self.window:
+        if not self.due(wall):
+            return self.busy
+        if self._since is not None:
             began_wall, began_cpu = self._since
             self.busy = (cpu - began_cpu) >= self.share * (wall - began_wall)
-            self._since = (wall, cpu)
+        self._since = (wall, cpu)
         return self.busy
 
 
