@@ -11,10 +11,6 @@ backend sends to its shared state), checked in this order:
    ``LATER`` until its token, cooldown, ban and answer gate (``pair.py``) allow
    it, else ``READY``.
 
-The scan writes this judgement out in its loop, as it runs for every exit on every
-admission; a property test (``test_the_scan_picks_what_judging_every_exit_picks``)
-holds the two equal.
-
 A shared backend checks tokens and leases in the shared state, so its plan asks
 with ``token=False``: step 4 is then the cooldown and the ban (a pair held is
 not paced; its pacing is synced when it comes back), then the answer gate.

@@ -76,27 +76,15 @@ def scan(members: Iterable[tuple[str, ExitState]], rules: PairRules, now: float
     best: tuple[ExitState, PairState] | None = None
     best_key = (0.0, 0.0)
     earliest = UNTIL_RELEASE
-    pair_of, awaits_answer, pace = rules.pair, rules.awaits_answer, rules.pace
     for exit_id, exit_state in members:
-        # ``judge``, written out: this loop runs for every exit on every admission
-        dead_until = exit_state.health.dead_until
-        if now < dead_until:  # DEAD
-            earliest = min(earliest, dead_until)
-            continue
-        limit = exit_state.limit
-        if exit_state.in_flight >= limit:  # FULL
-            continue
-        pair = pair_of(exit_id)
-        if awaits_answer(exit_id, pair):  # AWAITS_ANSWER
-            continue
-        pace(exit_id, pair)
-        ready = pair.ready_at(now)
-        if ready > now:  # LATER
-            earliest = min(earliest, ready)
-            continue
-        key = (exit_state.in_flight / limit, pair.bucket.tat)
-        if best is None or key < best_key:
-            best, best_key = (exit_state, pair), key
+        verdict, until, pair = judge(exit_id, exit_state, rules, now)
+        if verdict is _READY:
+            assert pair is not None
+            key = (exit_state.in_flight / exit_state.limit, pair.bucket.tat)
+            if best is None or key < best_key:
+                best, best_key = (exit_state, pair), key
+        elif verdict is _DEAD or verdict is _LATER:
+            earliest = min(earliest, until)
     return earliest if best is None else best
 
 
