@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -517,9 +518,18 @@ def main() -> None:
                   + f"; admission calls granting nothing "
                   f"{r['exitlimit'].get('exitlimit/redis_admit_empty', 0) / admitted:.2f})")
     if not capacity and len(rows) >= 2 and args.scenario not in ("scale", "redis-scale"):
+        base_runs = runs[rows[0]["strategy"]]
         for r in rows[1:]:
             print(f"\nthroughput ratio {r['strategy']} / {rows[0]['strategy']}: "
                   f"{r['pages_per_s'] / rows[0]['pages_per_s']:.3f}")
+            if args.repeat > 1:
+                # each run against the baseline's run just before it: the machine's speed
+                # drifts over seconds (here by 20-50 %), and adjacent runs share it
+                pairs = zip(runs[r["strategy"]], base_runs, strict=True)
+                paired = sorted(mine["pages_per_s"] / theirs["pages_per_s"]
+                                for mine, theirs in pairs)
+                print(f"  paired runs: median {statistics.median(paired):.3f}, "
+                      + ", ".join(f"{p:.3f}" for p in paired))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
         every = Path(args.json).with_suffix(".runs.json")  # every run, not only the medians
