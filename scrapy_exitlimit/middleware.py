@@ -7,7 +7,9 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
@@ -84,31 +86,22 @@ def exit_ip(value: bytes | None) -> str | None:
         return None
 
 
-#: (scheme, netloc) -> origin: every request asks, and a crawl sees few hosts
-_ORIGINS: dict[tuple[str, str], str] = {}
-_ORIGINS_MAX = 4096
-
-
 def origin_of(request: Request) -> str:
     """scheme://host[:port], or the request's ``exitlimit_origin`` (to group hosts as one)."""
     if key := request.meta.get("exitlimit_origin"):
         return str(key)
     parts = urlparse_cached(request)
-    key = (parts.scheme, parts.netloc)
-    origin = _ORIGINS.get(key)
-    if origin is None:
-        if len(_ORIGINS) >= _ORIGINS_MAX:  # a broad crawl of ever new hosts: start over
-            _ORIGINS.clear()
-        origin = _ORIGINS[key] = _origin(parts)
-    return origin
+    return _origin(parts.scheme, parts.netloc)
 
 
-def _origin(parts: Any) -> str:
-    default_port = {"http": 80, "https": 443}.get(parts.scheme)
+@lru_cache(maxsize=4096)  # every request asks, and a crawl sees few hosts
+def _origin(scheme: str, netloc: str) -> str:
+    parts = urlsplit("//" + netloc)  # host and port are the netloc's alone
+    default_port = {"http": 80, "https": 443}.get(scheme)
     host = (parts.hostname or "").lower()
     if parts.port and parts.port != default_port:
-        return f"{parts.scheme}://{host}:{parts.port}"
-    return f"{parts.scheme}://{host}"
+        return f"{scheme}://{host}:{parts.port}"
+    return f"{scheme}://{host}"
 
 
 class RateChanges:

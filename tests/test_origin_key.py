@@ -21,13 +21,14 @@ def test_origin_key(url, meta, expected):
 
 def test_origins_are_remembered_per_host_but_never_without_bound():
     """Every request asks for its origin: the answer is kept per (scheme, host), and a
-    crawl of ever new hosts starts the memo over instead of growing it."""
+    crawl of ever new hosts drops the least recent instead of growing the memo."""
     from scrapy_exitlimit import middleware
 
-    for n in range(middleware._ORIGINS_MAX + 10):
+    bound = middleware._origin.cache_info().maxsize
+    for n in range(bound + 10):
         assert origin_of(Request(f"http://h{n}.example.com:81/x")) == \
             f"http://h{n}.example.com:81"
-    assert len(middleware._ORIGINS) <= middleware._ORIGINS_MAX
+    assert middleware._origin.cache_info().currsize <= bound
     # the same host under another scheme or port is another origin
     assert origin_of(Request("https://h1.example.com:81/")) == "https://h1.example.com:81"
     assert origin_of(Request("http://h1.example.com/")) == "http://h1.example.com"

@@ -467,4 +467,3 @@ def test_an_announced_rate_does_not_raise_a_pair_above_its_configured_rate():
             lim.release(result.id)
         clock.advance(0.1)
     assert within_bound(admitted, 1.0, 1)
-

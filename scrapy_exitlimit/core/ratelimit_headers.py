@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .retry_after import parse_http_date
@@ -223,25 +224,22 @@ def _collect(headers: Any) -> dict[str, list[str]]:
     return found
 
 
-#: header name as sent -> the name we read it as (None: not one of ours); every answer
-#: carries the same few names, and this runs on each one
-_NAMES: dict[object, str | None] = {}
-_NAMES_MAX = 1024
-
-
 def _wanted_name(key: object) -> str | None:
+    """The name a header is read as (None: not one of ours)."""
     try:
-        return _NAMES[key]
-    except (KeyError, TypeError):  # new, or unhashable
-        pass
+        return _wanted_name_memo(key)
+    except TypeError:  # an unhashable name
+        return _read_name(key)
+
+
+def _read_name(key: object) -> str | None:
     text = _text(key)
     name = text.strip().lower() if text is not None else None
-    name = name if name in _WANTED else None
-    if isinstance(key, (str, bytes)):
-        if len(_NAMES) >= _NAMES_MAX:  # odd servers sending ever new names: start over
-            _NAMES.clear()
-        _NAMES[key] = name
-    return name
+    return name if name in _WANTED else None
+
+
+#: every answer carries the same few names, and each answer's are read
+_wanted_name_memo = lru_cache(maxsize=1024)(_read_name)
 
 
 def _text(value: object) -> str | None:
