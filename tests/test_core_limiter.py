@@ -88,6 +88,31 @@ def test_least_loaded_exit_wins():
     assert lim.try_admit(SITE).exit_id == a.exit_id
 
 
+def test_the_scan_does_not_judge_an_exit_more_loaded_than_a_ready_one(monkeypatch):
+    """Judging an exit paces its pair: the cost of every admission on a small pool.
+    An exit more loaded than a ready one already found cannot be chosen: not judged."""
+    from scrapy_exitlimit.core import selector
+
+    clock = FakeClock(0.0)
+    lim = limiter(3, clock, rate=1000.0, concurrency=4)
+    for lease in [lim.try_admit(SITE) for _ in range(3)]:  # each pair proven
+        lim.release(lease.id, answered=True)
+    clock.advance(1)
+    first = [lim.try_admit(SITE) for _ in range(3)]  # one lease on each exit
+    clock.advance(1)
+    lim.release(first[1].id, answered=True)  # the middle exit idle again
+    clock.advance(0.01)  # (its answer re-anchored its pacing: one interval from there)
+    judged = []
+    real_judge = selector.judge
+    monkeypatch.setattr(selector, "judge",
+                        lambda exit_id, *a, **kw: judged.append(exit_id) or
+                        real_judge(exit_id, *a, **kw))
+    chosen = lim.try_admit(SITE)
+    assert chosen.exit_id == first[1].exit_id
+    # the first (loaded, but nothing ready was found yet), the idle one; not the third
+    assert judged == [first[0].exit_id, first[1].exit_id]
+
+
 def test_origin_budget_caps_all_exits_together():
     clock = FakeClock(0.0)
     lim = limiter(10, clock, rate=100.0, origin_rate=2.0)

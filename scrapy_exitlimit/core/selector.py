@@ -5,7 +5,9 @@ how many exits they look at and which ready one they prefer:
 
 - **scan** (pools up to ``INDEX_ABOVE`` exits, and a pinned exit): every exit;
   the least loaded ready one, then the one whose pair has waited longest
-  (earliest token), the first in pool order on a tie.
+  (earliest token), the first in pool order on a tie. An exit more loaded than
+  a ready one already found is passed over unjudged (judging paces its pair:
+  most of an admission's cost on a small pool).
 - **heap** (larger pools): O(log exits). Exits wait on a heap by the time they
   could next be admitted (a lower bound, checked when taken); those whose time
   has come move onto a stack of ready exits, and the one used most recently is
@@ -77,10 +79,13 @@ def scan(members: Iterable[tuple[str, ExitState]], rules: PairRules, now: float
     best_key = (0.0, 0.0)
     earliest = UNTIL_RELEASE
     for exit_id, exit_state in members:
+        load = exit_state.in_flight / exit_state.limit
+        if best is not None and load > best_key[0]:
+            continue  # more loaded than a ready exit already found: it cannot be chosen
         verdict, until, pair = judge(exit_id, exit_state, rules, now)
         if verdict is _READY:
             assert pair is not None
-            key = (exit_state.in_flight / exit_state.limit, pair.bucket.tat)
+            key = (load, pair.bucket.tat)
             if best is None or key < best_key:
                 best, best_key = (exit_state, pair), key
         elif verdict is _DEAD or verdict is _LATER:
