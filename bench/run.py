@@ -219,6 +219,21 @@ def first_seconds(origins: list[str], seconds: float) -> tuple[int, int]:
     return early.count(200), early.count(429)
 
 
+def ramp(origins: list[str]) -> tuple[float, float]:
+    """(arrivals/s at the origins after the crawl's first second, and the seconds of that
+    rate its first second lacked): a throughput split into what each request costs and
+    what the start costs, both read off one run (slow start, Scrapy reading its start
+    requests)."""
+    times = sorted(t for origin in origins for ip_events in lab_call(origin, "/_lab/events")
+                   .values() for t, _ in ip_events)
+    if len(times) < 2 or times[-1] - times[0] <= 1.0:
+        return 0.0, 0.0
+    start = times[0]
+    early = sum(1 for t in times if t < start + 1.0)
+    steady = (len(times) - early) / (times[-1] - start - 1.0)
+    return steady, 1.0 - early / steady
+
+
 def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0,
                  phase: str = "") -> dict:
     origins = lab.get("origin_urls") or [lab["origin_url"]]
@@ -285,6 +300,8 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0,
         result.update(phase=phase, first_second_utilization=ok_1 / capacity,
                       first_second_429=limited_1, first_3s_utilization=ok_3 / (3 * capacity),
                       first_3s_429=limited_3)
+    if not sc.capacity and args.scenario not in ("scale", "redis-scale"):
+        result["steady_rate"], result["ramp_seconds"] = ramp(origins)
     if sc.change is not None:
         seen, limited = after_change(origins, sc.change[0])
         result.update(after_change_requests=seen,
@@ -530,6 +547,14 @@ def main() -> None:
                                 for mine, theirs in pairs)
                 print(f"  paired runs: median {statistics.median(paired):.3f}, "
                       + ", ".join(f"{p:.3f}" for p in paired))
+            if r.get("steady_rate") and rows[0].get("steady_rate"):
+                # medians over the runs: where the difference is (see ramp())
+                def median_of(key: str, strategy: str) -> float:
+                    return statistics.median(x[key] for x in runs[strategy])
+                print(f"  after the first second: {median_of('steady_rate', r['strategy']):.0f}"
+                      f" r/s against {median_of('steady_rate', rows[0]['strategy']):.0f}; "
+                      f"the first second lacked {median_of('ramp_seconds', r['strategy']):.2f}"
+                      f" s of it against {median_of('ramp_seconds', rows[0]['strategy']):.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
         every = Path(args.json).with_suffix(".runs.json")  # every run, not only the medians
