@@ -467,3 +467,82 @@ def test_an_announced_rate_does_not_raise_a_pair_above_its_configured_rate():
             lim.release(result.id)
         clock.advance(0.1)
     assert within_bound(admitted, 1.0, 1)
+
+
+# --- the scan, passing over exits that cannot win, picks what judging every exit picks ---
+
+def _scan_by_judge(members, rules, now):
+    """``selector.scan`` without passing over any exit: ``eligibility.judge`` for each."""
+    from scrapy_exitlimit.core.eligibility import Verdict, judge
+
+    best, best_key, earliest = None, (0.0, 0.0), math.inf
+    for exit_id, exit_state in members:
+        verdict, until, pair = judge(exit_id, exit_state, rules, now)
+        if verdict is Verdict.READY:
+            key = (exit_state.in_flight / exit_state.limit, pair.bucket.tat)
+            if best is None or key < best_key:
+                best, best_key = (exit_state, pair), key
+        elif verdict in (Verdict.DEAD, Verdict.LATER):
+            earliest = min(earliest, until)
+    return earliest if best is None else best
+
+
+scan_ops = st.lists(st.tuples(st.floats(0.0, 0.6), st.sampled_from(
+    ["admit", "admit", "admit", "ok", "ok", "429", "fault", "ban"])), max_size=120)
+
+
+@SETTINGS
+@given(st.sampled_from([None, 4.0]), st.integers(1, 3), scan_ops)
+def test_the_scan_picks_what_judging_every_exit_picks(rate, concurrency, ops):
+    """The scan does not judge an exit more loaded than a ready one it has found (judging
+    paces the pair, the hot path's cost): on any history of admissions, answers, 429s,
+    faults and bans it returns what judging each exit returns, the same exit and pair
+    or the same time."""
+    real_scan = limiter_module.selector.scan
+    compared = []
+
+    def checked(members, rules, now):
+        members = list(members)
+        expected = _scan_by_judge(members, rules, now)  # paces first: the scan repaces as is
+        got = real_scan(members, rules, now)
+        assert got == expected
+        compared.append(got)
+        return got
+
+    clock = FakeClock()
+    exits = [_make_exit(f"http://127.0.0.{i}:8000") for i in range(10, 14)]
+    lim = Limiter(exits, Limits(rate=rate, concurrency=concurrency), clock=clock,
+                  tuning=Tuning(margin=0.005, evict_after=1, reanimate_after=1.0),
+                  rng=random.Random(7))
+    held: list[Lease] = []
+    with _patched(limiter_module.selector, "scan", checked):
+        for dt, op in ops:
+            clock.advance(dt)
+            if op == "admit":
+                got = lim.try_admit("http://o", clock())
+                if isinstance(got, Lease):
+                    held.append(got)
+                continue
+            if not held:
+                continue
+            lease = held.pop(0)
+            if op == "ok":
+                lim.success(lease, 0.01)
+            elif op == "429":
+                lim.rate_limited(lease.origin, lease.exit_id, 1.0, lease)
+            elif op == "fault":
+                lim.proxy_fault(lease, lease.exit_id)
+            else:
+                lim.banned(lease)
+            lim.release(lease.id, op != "fault")
+    assert len(compared) == sum(op == "admit" for _, op in ops)
+
+
+@contextmanager
+def _patched(module, name, value):
+    before = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, before)
