@@ -207,11 +207,16 @@ def phases(name: str, args: argparse.Namespace) -> tuple[str, ...]:
     return REDIS_WARM_PHASES if "redis" in name else WARM_PHASES
 
 
+def arrivals(origins: list[str]) -> list[tuple[float, int]]:
+    """(time, status) of every request that reached the origins, from the lab."""
+    return [e for origin in origins for ip_events in lab_call(origin, "/_lab/events").values()
+            for e in ip_events]
+
+
 def first_seconds(origins: list[str], seconds: float) -> tuple[int, int]:
     """(clean answers, 429s) the origins gave in their first ``seconds`` (from the first
     arrival at any of them)."""
-    events = [e for origin in origins for ip_events in lab_call(origin, "/_lab/events").values()
-              for e in ip_events]
+    events = arrivals(origins)
     if not events:
         return 0, 0
     start = min(t for t, _ in events)
@@ -224,8 +229,7 @@ def ramp(origins: list[str]) -> tuple[float, float]:
     rate its first second lacked): a throughput split into what each request costs and
     what the start costs, both read off one run (slow start, Scrapy reading its start
     requests)."""
-    times = sorted(t for origin in origins for ip_events in lab_call(origin, "/_lab/events")
-                   .values() for t, _ in ip_events)
+    times = sorted(t for t, _ in arrivals(origins))
     if len(times) < 2 or times[-1] - times[0] <= 1.0:
         return 0.0, 0.0
     start = times[0]
@@ -536,6 +540,10 @@ def main() -> None:
                   f"{r['exitlimit'].get('exitlimit/redis_admit_empty', 0) / admitted:.2f})")
     if not capacity and len(rows) >= 2 and args.scenario not in ("scale", "redis-scale"):
         base_runs = runs[rows[0]["strategy"]]
+
+        def median_of(key: str, strategy: str) -> float:
+            return statistics.median(x[key] for x in runs[strategy])
+
         for r in rows[1:]:
             print(f"\nthroughput ratio {r['strategy']} / {rows[0]['strategy']}: "
                   f"{r['pages_per_s'] / rows[0]['pages_per_s']:.3f}")
@@ -549,8 +557,6 @@ def main() -> None:
                       + ", ".join(f"{p:.3f}" for p in paired))
             if r.get("steady_rate") and rows[0].get("steady_rate"):
                 # medians over the runs: where the difference is (see ramp())
-                def median_of(key: str, strategy: str) -> float:
-                    return statistics.median(x[key] for x in runs[strategy])
                 print(f"  after the first second: {median_of('steady_rate', r['strategy']):.0f}"
                       f" r/s against {median_of('steady_rate', rows[0]['strategy']):.0f}; "
                       f"the first second lacked {median_of('ramp_seconds', r['strategy']):.2f}"
