@@ -24,6 +24,12 @@ PROGRESS_ORDER = 510
 #: keeps apart keep-alive connections of exits that differ only in their credentials, and
 #: fails a request of ours that reaches it without the proxy it was given
 DOWNLOAD_HANDLER = "scrapy_exitlimit.handlers.CredentialKeyedDownloadHandler"
+#: reads start requests in slices, handing the event loop a turn between them (parked
+#: requests fill the downloader, and Scrapy then reads every start request in one go);
+#: outermost of the spider middlewares (before StartSpiderMiddleware, 25), so that the
+#: time of every one inside it counts
+START_MIDDLEWARE = "scrapy_exitlimit.start.CooperativeStartMiddleware"
+START_MIDDLEWARE_ORDER = 10
 
 
 def _user_set(settings: BaseSettings, name: str) -> bool:
@@ -81,6 +87,9 @@ class Addon:
         # the progress line beside LogStats, every LOGSTATS_INTERVAL; your None turns it off
         settings.setdefault_in_component_priority_dict("EXTENSIONS", load_object(PROGRESS),
                                                        PROGRESS_ORDER)
+        # your None in SPIDER_MIDDLEWARES turns it off
+        settings.setdefault_in_component_priority_dict(
+            "SPIDER_MIDDLEWARES", load_object(START_MIDDLEWARE), START_MIDDLEWARE_ORDER)
 
     @staticmethod
     def _add_middleware(settings: BaseSettings) -> None:

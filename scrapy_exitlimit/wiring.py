@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
 
-from .addon import DOWNLOAD_HANDLER, MIDDLEWARE, MIDDLEWARE_ORDER, Addon, pool_capacity
+from .addon import (
+    DOWNLOAD_HANDLER,
+    MIDDLEWARE,
+    MIDDLEWARE_ORDER,
+    START_MIDDLEWARE,
+    Addon,
+    pool_capacity,
+)
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -89,6 +96,8 @@ def without_addon(settings: Any, exits: int, per_exit: int) -> str:
         lines.append("AUTOTHROTTLE_ENABLED = False (it tunes the per-exit slots' delay "
                      "against this pacing)")
     lines.append("EXTENSIONS: scrapy_exitlimit.progress.ExitLimitProgress (the progress line)")
+    lines.append(f"SPIDER_MIDDLEWARES: {START_MIDDLEWARE} (start requests read without holding "
+                 "up the event loop)")
     return "\n  - ".join(lines)
 
 

@@ -10,6 +10,7 @@ from scrapy_exitlimit.addon import (
     MIDDLEWARE,
     MIDDLEWARE_ORDER,
     PROGRESS,
+    START_MIDDLEWARE,
     AddonConfigError,
     user_order,
 )
@@ -33,6 +34,8 @@ def test_inserts_the_middleware_and_sizes_concurrency_to_the_pool():
     s = settings_after_addons(EXITLIMIT_EXITS=EXITS, EXITLIMIT_CONCURRENCY=3)
     assert user_order(s, "DOWNLOADER_MIDDLEWARES", MIDDLEWARE) == (True, MIDDLEWARE_ORDER)
     assert user_order(s, "EXTENSIONS", PROGRESS) == (True, 510)
+    # outermost of the spider middlewares: Scrapy's StartSpiderMiddleware is at 25
+    assert user_order(s, "SPIDER_MIDDLEWARES", START_MIDDLEWARE) == (True, 10)
     assert 550 < MIDDLEWARE_ORDER < 750
     assert s.getint("CONCURRENT_REQUESTS") == 10 * 3 + 16
     assert s.getbool("AUTOTHROTTLE_ENABLED") is False
@@ -72,6 +75,7 @@ def test_disabled_the_addon_adds_nothing():
     s = settings_after_addons(EXITLIMIT_ENABLED=False)
     assert s.getint("CONCURRENT_REQUESTS") == 16
     assert user_order(s, "DOWNLOADER_MIDDLEWARES", MIDDLEWARE) == (False, None)
+    assert user_order(s, "SPIDER_MIDDLEWARES", START_MIDDLEWARE) == (False, None)
 
 
 def test_gateway_templates_count_once_per_session():
@@ -125,6 +129,12 @@ def test_the_progress_extension_set_to_none_stays_off():
     assert len(s.getdict("EXTENSIONS")) == 1
 
 
+def test_the_start_middleware_set_to_none_stays_off():
+    s = settings_after_addons(EXITLIMIT_EXITS=EXITS, SPIDER_MIDDLEWARES={START_MIDDLEWARE: None})
+    assert user_order(s, "SPIDER_MIDDLEWARES", START_MIDDLEWARE) == (True, None)
+    assert len(s.getdict("SPIDER_MIDDLEWARES")) == 1
+
+
 def test_the_middleware_set_to_none_with_the_addon_on_is_refused():
     """EXITLIMIT_ENABLED = False is the one off switch: None would crawl without exits."""
     with pytest.raises(AddonConfigError, match="EXITLIMIT_ENABLED = False"):
@@ -175,6 +185,7 @@ def test_without_the_addon_the_middleware_works_and_warns_with_the_numbers(caplo
     assert "without the add-on" in text and "ADDONS" in text
     assert "CONCURRENT_REQUESTS = 96 (now 16; below" in text and "10 exits x 8 = 80" in text
     assert "CredentialKeyedDownloadHandler" in text and "ExitLimitProgress" in text
+    assert "CooperativeStartMiddleware" in text
     caplog.clear()
     crawler = get_crawler(settings_dict={"EXITLIMIT_EXITS": EXITS,
                                          "ADDONS": {"scrapy_exitlimit.Addon": 100}})
