@@ -11,7 +11,9 @@ learned mode waits for before it climbs, wait for the last start request to be r
 :class:`CooperativeStartMiddleware` passes the start requests through unchanged and in
 order, but hands the event loop a turn whenever reading them (the spider's ``start()``,
 the spider middlewares inside this one, and Scrapy scheduling each request) has run
-for ``SLICE`` seconds without one. Scrapy still reads them all as early as before.
+for ``SLICE`` seconds without one. Scrapy still reads them all as early as before. While
+the downloader has room, Scrapy gives the loop a turn before each read itself, and so
+no turn is added then.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._compat import is_asyncio_available
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
 
 __all__ = ["SLICE", "CooperativeStartMiddleware", "loop_turn"]
 
@@ -46,19 +51,35 @@ class CooperativeStartMiddleware:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
                  pause: Callable[[], Awaitable[Any]] = loop_turn,
-                 slice_seconds: float = SLICE) -> None:
+                 slice_seconds: float = SLICE,
+                 reads_at_once: Callable[[], bool] = lambda: True) -> None:
         self.clock = clock
         self.pause = pause
         self.slice_seconds = slice_seconds
+        #: whether Scrapy reads the next start request without a loop turn first
+        self.reads_at_once = reads_at_once
         #: loop turns handed over so far (for tests and curious operators)
         self.pauses = 0
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> CooperativeStartMiddleware:
+        def reads_at_once() -> bool:
+            # the engine waits for a loop turn before its next read unless it needs to
+            # back out (the downloader full): public API (``needs_backout``)
+            engine = crawler.engine
+            return engine is None or engine.needs_backout()
+
+        return cls(reads_at_once=reads_at_once)
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
         began = self.clock()
         async for item_or_request in start:
             yield item_or_request
-            # (the time since includes Scrapy scheduling what was just yielded)
-            if self.clock() - began >= self.slice_seconds:
+            # (asked for the next one: the engine has just decided whether to wait for a
+            # loop turn first; the time since ``began`` includes its scheduling of this one)
+            if not self.reads_at_once():
+                began = self.clock()  # it did: a new slice
+            elif self.clock() - began >= self.slice_seconds:
                 self.pauses += 1
                 await self.pause()
                 began = self.clock()

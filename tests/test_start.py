@@ -50,6 +50,24 @@ async def test_cheap_start_requests_read_within_one_slice_never_pause():
     assert [i async for i in mw.process_start(_items(clock, 4, 1))] == [0, 1, 2, 3]
 
 
+@pytest_twisted.ensureDeferred
+async def test_no_turn_is_added_while_scrapy_waits_for_one_before_each_read():
+    clock = FakeClock(start=0)  # in ms
+    eager = [False] * 12 + [True] * 11  # the downloader fills after the 12th
+
+    async def pause() -> None:
+        pass
+
+    out: list[int] = []
+    mw = CooperativeStartMiddleware(clock=clock, pause=pause, slice_seconds=5,
+                                    reads_at_once=lambda: eager[out[-1]])
+    async for i in mw.process_start(_items(clock, 23, 1)):
+        out.append(i)
+    assert out == list(range(23))
+    # read lazily, 12 ms went by without a turn added; at once, one every 5 ms
+    assert mw.pauses == 2
+
+
 class SlowStartSpider(PagesSpider):
     """A start list that takes a while to read (0.8 ms a request, 0.24 s for 300), as a
     long one does; with its requests parked and Scrapy's downloader full (from about the
