@@ -536,6 +536,8 @@ def main() -> None:
     ap.add_argument("--case", choices=sorted(CASES), default="overstated")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0, help="CLOSESPIDER_TIMEOUT")
+    ap.add_argument("--pages", type=int, help="start requests instead of the case's (a long "
+                    "start list: with a short --timeout, the first seconds)")
     ap.add_argument("--json", help="also write every run to this file")
     ap.add_argument("--retry-after-429", type=int, metavar="N",
                     help="limit_req's 429 carries Retry-After: N (nginx sends none by default)")
@@ -558,6 +560,8 @@ def main() -> None:
         case = dataclasses.replace(case, retry_after_429=args.retry_after_429)
     if args.strategy:
         case = dataclasses.replace(case, strategy=args.strategy)
+    if args.pages:
+        case = dataclasses.replace(case, pages=args.pages)
     if args.warm and (case.change_at is not None or case.overload_at is not None):
         raise SystemExit("--warm: a case whose limit stays as it is")
     if args.baseline and args.warm:
