@@ -16,6 +16,7 @@ so nobody reaches for the private one again:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ __all__ = [
     "set_handler_pool",
     "set_idle_heartbeat",
     "set_slot_settings",
+    "sleep",
 ]
 
 
@@ -56,6 +58,20 @@ except ImportError:  # Scrapy 2.13
         from twisted.internet import reactor
 
         return reactor.callLater(delay, func, *args)
+
+
+try:  # Scrapy >= 2.18: asyncio.sleep or deferLater, whichever loop runs
+    from scrapy.utils.asyncio import sleep
+except ImportError:  # Scrapy 2.13-2.17: the same, here
+
+    async def sleep(seconds: float) -> None:  # type: ignore[misc]
+        if is_asyncio_available():
+            await asyncio.sleep(seconds)
+            return
+        from twisted.internet import reactor
+        from twisted.internet.task import deferLater
+
+        await deferLater(reactor, seconds)
 
 
 def looping_call(func: Callable[[], Any]) -> Any:

@@ -18,12 +18,11 @@ no turn is added then.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._compat import is_asyncio_available
+from ._compat import sleep
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -35,15 +34,10 @@ __all__ = ["SLICE", "CooperativeStartMiddleware", "loop_turn"]
 SLICE = 0.005
 
 
-def loop_turn() -> Awaitable[Any]:
+def loop_turn() -> Awaitable[None]:
     """Something to await that resumes on the event loop's next turn, whichever loop
     drives Scrapy's coroutines (asyncio under the asyncio reactor, else Twisted's)."""
-    if is_asyncio_available():
-        return asyncio.sleep(0)
-    from twisted.internet import reactor
-    from twisted.internet.task import deferLater
-
-    return deferLater(reactor, 0, lambda: None)
+    return sleep(0)
 
 
 class CooperativeStartMiddleware:
