@@ -65,6 +65,11 @@ class Scenario:
     pause: float = 0.0
 
 
+#: scenarios that compare exitlimit pools of different sizes with each other (per-page CPU
+#: and memory), not a crawl with a baseline's
+POOL_SCENARIOS = ("scale", "redis-scale")
+
+
 def _per_ip(a: argparse.Namespace, rate: float) -> float:
     return a.origins * a.exits * rate
 
@@ -304,7 +309,7 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0,
         result.update(phase=phase, first_second_utilization=ok_1 / capacity,
                       first_second_429=limited_1, first_3s_utilization=ok_3 / (3 * capacity),
                       first_3s_429=limited_3)
-    if not sc.capacity and args.scenario not in ("scale", "redis-scale"):
+    if not sc.capacity and args.scenario not in POOL_SCENARIOS:
         result["steady_rate"], result["ramp_seconds"] = ramp(origins)
     if sc.change is not None:
         seen, limited = after_change(origins, sc.change[0])
@@ -514,7 +519,7 @@ def main() -> None:
             line += (f" {r['first_second_utilization']:>10.3f} {r['first_second_429']:>9} "
                      f"{r['first_3s_utilization']:>8.3f} {r['first_3s_429']:>7}")
         print(line)
-    if args.scenario in ("scale", "redis-scale"):
+    if args.scenario in POOL_SCENARIOS:
         base = rows[0]
         for r in rows:
             print(f"{r['strategy']}: {r['pages_per_s'] / base['pages_per_s']:.3f} of "
@@ -538,7 +543,7 @@ def main() -> None:
                   + ", ".join(f"{op} {v:.2f}" for op, v in sorted(ops.items()))
                   + f"; admission calls granting nothing "
                   f"{r['exitlimit'].get('exitlimit/redis_admit_empty', 0) / admitted:.2f})")
-    if not capacity and len(rows) >= 2 and args.scenario not in ("scale", "redis-scale"):
+    if not capacity and len(rows) >= 2 and args.scenario not in POOL_SCENARIOS:
         base_runs = runs[rows[0]["strategy"]]
 
         def median_of(key: str, strategy: str) -> float:
