@@ -8,7 +8,9 @@ lost) and models what Scrapy and the network add: ``CONCURRENT_REQUESTS``
 (``cpu`` seconds per request, ``send`` of them before it leaves, so a request
 admitted while the client is busy goes out late, the rest on its answer),
 one-way latency with jitter on the way to the origin, dead proxies that refuse
-connections. Deterministic for a given seed.
+connections. The middleware's CPU-load reading (``CpuLoad``, on each clean answer)
+reads that client's work, so exits' in-flight limits shrink while it is saturated as
+they do in a crawl. Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import Lease, Limiter, Limits, Tuning, bounded_cooldown, make_exit
+from ..core.health import CpuLoad
 from ..core.limits import CRAWL_TUNING
 from ..core.warm import recall, remember
 from .origins import OriginModel
@@ -119,6 +122,8 @@ class _Sim:
         self.queues: dict[str, deque[int]] = {n: deque() for n in names}
         self.timer_at = math.inf
         self.cpu_free = 0.0
+        self.cpu_work = 0.0  # the client's work taken on so far, done or queued
+        self.cpu_load = CpuLoad()
         self.result = Result()
         self.last_outcome = 0.0
 
@@ -188,6 +193,7 @@ class _Sim:
         net = self.crawl.network
         leaves = max(self.now, self.cpu_free) + net.send  # one thing at a time
         self.cpu_free = leaves
+        self.cpu_work += net.send
         arrive = leaves + net.base + self.rng.uniform(0.0, net.jitter)
         self.at(arrive, "arrive", (origin, exit_id, lease))
 
@@ -203,6 +209,7 @@ class _Sim:
         # the client handles answers one at a time: this one when the last is done
         start = max(self.now, self.cpu_free)
         self.cpu_free = start + self.crawl.network.cpu - self.crawl.network.send
+        self.cpu_work += self.crawl.network.cpu - self.crawl.network.send
         self.at(self.cpu_free, "handled", data)
 
     def on_handled(self, data: tuple[str, str, Lease | None, int]) -> None:
@@ -210,6 +217,8 @@ class _Sim:
         if lease is not None:
             lim = self.limiter
             if status == 200:
+                if self.cpu_load.due(self.now):  # as the middleware reads it
+                    lim.cpu_bound(self.cpu_load.sample(self.now, self.cpu_seconds()))
                 lim.success(lease, self.now - lease.admitted_at)
             elif status == 429:
                 retry = self.crawl.origins[origin].retry_after
@@ -218,6 +227,11 @@ class _Sim:
                 lim.banned(lease)
             lim.release(lease.id, answered=True)
         self.done(origin, status == 200)
+
+    def cpu_seconds(self) -> float:
+        """The client's CPU time so far: its work queued back to back up to ``cpu_free``,
+        less what is still to run."""
+        return self.cpu_work - max(0.0, self.cpu_free - self.now)
 
     def on_refused(self, data: tuple[str, str, Lease | None]) -> None:
         origin, exit_id, lease = data
