@@ -364,6 +364,30 @@ def test_a_site_rate_recalled_above_what_its_budget_paces_is_still_raised():
     assert counts.get(429, 0) == 0
 
 
+def test_a_site_blamed_after_its_exits_cooled_down_starts_at_what_it_took_lately():
+    """A window's wall (20 per 10 s per IP) refuses every exit at once; each waits out its
+    cooldown, comes back and is refused again, and only then are the 429s the site's. By
+    then the last second took next to nothing: the site rate started at 1.9 r/s (the
+    window allowed 20) and held the crawl there for seconds. It starts at what the site
+    took over the last SITE_MEMORY seconds instead, then comes down as a site rate does."""
+    from scrapy_exitlimit.core.learner import SITE_MEMORY
+
+    lim = limiter(4, FakeClock(0.0))
+    ol = lim.origin_state(SITE).learner
+    for i in range(200):  # two seconds at 100 r/s, all clean
+        at = i * 0.01
+        ol.admitted(f"127.0.0.{10 + i % 4}:3128", at)
+        ol._answered(at + 0.002, at, True)
+    now = 3.5  # every exit cooled down; back, and refused on two of them
+    for exit_id in ("127.0.0.10:3128", "127.0.0.11:3128"):
+        ol.admitted(exit_id, now)
+        ol._answered(now + 0.002, now, False)
+    assert ol.accepted_rate(now + 0.002) == 0.0  # what the start used to go by
+    ol._site_limited(SITE, 2, now, now + 0.002)
+    took = 200 / min(SITE_MEMORY, now + 0.002)
+    assert ol.site is not None and ol.site.lo == pytest.approx(took, rel=0.01)
+
+
 def test_a_site_probe_that_moves_nothing_is_not_logged_as_a_rate_up():
     """A site rate known clean above its budget's pace is probed above it round after
     round, each clean and each leaving it where it was: each was a site_rate_up

@@ -238,11 +238,13 @@ def test_the_start_rate_is_proven_by_one_scout_while_the_others_wait_for_it():
     assert lim.pair_rate(ostate, ostate.scout, lim.pair_state(SITE, ostate.scout)) == 4.0
 
 
-def discovery_with_a_leap(n=4):
+def discovery_with_a_leap(n=4, far=False):
     """A first request on every exit, all answered at once: the scout proves the start
-    rate (2 r/s), the leap tries twice that. Returns (lim, clock, learner, leap)."""
+    rate (2 r/s), the leap tries twice that (``far``: the far leap, four times).
+    Returns (lim, clock, learner, leap)."""
     lim, clock = learner(n, start_leap=2.0)
     leases = [lim.try_admit(SITE) for _ in range(n)]
+    lim.origin_state(SITE).learner.leap_far = far
     for lease in leases:
         answer(lim, clock, lease)
     ol = lim.origin_state(SITE).learner
@@ -373,6 +375,108 @@ def test_no_leap_when_the_start_rate_is_known_or_refused():
     assert not ol.wants_leap()
 
 
+def test_the_far_leap_proves_four_times_the_start_rate_in_an_eighth_of_a_second():
+    """On a fast path with the crawl on this origin, the first leap tries 8 r/s: one
+    interval at it (0.125 s) proves what twice the start rate took 0.25 s to, and slow
+    start goes on from there (an origin with no limit: the ramp's first step halved)."""
+    lim, clock, ol, leap = discovery_with_a_leap(far=True)
+    clock.now = lim.try_admit(SITE)
+    assert clock.now == pytest.approx(0.125, abs=0.005)
+    test = lim.try_admit(SITE)
+    assert test.exit_id == leap and test.rate == 8.0
+    answer(lim, clock, test)
+    assert ol.pool.proven and ol.pool.lo == pytest.approx(8.0, rel=0.05) and ol.leap is None
+    assert ol.scout == leap and ol.suspect is None
+
+
+def test_the_far_leaps_429_is_a_lone_one_and_the_near_leap_goes_when_it_would_have():
+    """Refused at 8 r/s (a per-IP limit of 5): the far leap's 429 is the lone 429 that
+    slow start draws there anyway; another exit leaps twice the start rate at once, its
+    test due 0.25 s after its first request, as a single leap's would be. Clean, the pool
+    goes on at 4 r/s and checks under the far leap's 429: its second 429 agrees there."""
+    lim, clock, ol, far = discovery_with_a_leap(far=True)
+    clock.now = 0.13
+    answer(lim, clock, lim.try_admit(SITE), status=429)
+    near = ol.leap
+    assert ol.suspect == far and not ol.leap_far and near not in (None, far, ol.scout)
+    assert not ol.pool.proven and ol.pool.hi is None
+    clock.now = lim.try_admit(SITE)
+    assert clock.now == pytest.approx(0.25, abs=0.005)
+    test = lim.try_admit(SITE)
+    assert test.exit_id == near and test.rate == 4.0
+    answer(lim, clock, test)
+    assert ol.pool.proven and ol.pool.lo == pytest.approx(4.0, rel=0.05)
+    assert ol.scout == near and ol.suspect == far
+    assert ol.probe_rate() == pytest.approx(math.sqrt(ol.pool.lo * 8.0))
+    check = None
+    while check is None:  # the others follow at 4 r/s; the scout checks under 8
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got
+        elif got.exit_id == near:
+            check = got
+    assert check.rate == pytest.approx(ol.probe_rate())
+    answer(lim, clock, check, status=429)
+    assert ol.pool.hi == pytest.approx(check.rate) and ol.suspect is None
+
+
+def test_a_lower_lone_429_takes_the_suspects_place_and_the_first_rejoins_the_pool():
+    """The near leap refused too (at 4 r/s): its 429 says more than the far one's at 8,
+    and the far leap's exit goes back to the pool's pace, not an own estimate it was
+    given on one 429 (a stale one had paced it at the start rate after the pool backed
+    off under it)."""
+    lim, clock, ol, far = discovery_with_a_leap(far=True)
+    clock.now = 0.13
+    answer(lim, clock, lim.try_admit(SITE), status=429)
+    near = ol.leap
+    assert lim.pair_state(SITE, far).learning.own is not None
+    clock.now = lim.try_admit(SITE)
+    answer(lim, clock, lim.try_admit(SITE), status=429)
+    assert ol.suspect == near and ol.suspect_rate == 4.0 and ol.leap is None
+    assert lim.pair_state(SITE, far).learning.own is None
+    assert not ol.wants_leap()  # nothing under 4 r/s left to leap to: the scout proves 2
+
+
+def test_no_far_leap_on_a_slow_first_answer_nor_in_a_crawl_over_many_origins():
+    """Arrival jitter on a slow path can space the far leap's test as wide as a lower
+    limit's interval and prove it (5 r/s per IP behind 20-80 ms of jitter: proven at 8,
+    then a round of 429s); and where other origins share the crawl, a faster start here
+    gains little, for one 429 more under a limit below the start rate."""
+    lim, clock = learner(4, start_leap=2.0)
+    leases = [lim.try_admit(SITE) for _ in range(4)]
+    for lease in leases:
+        answer(lim, clock, lease, latency=0.05)  # a quarter of 1/8 s is 0.031
+    ol = lim.origin_state(SITE).learner
+    assert ol.leap is not None and not ol.leap_far and ol.leap_rate() == 4.0
+
+    lim, clock = learner(4, start_leap=2.0)
+    other = "http://other.test"
+    leases = [lim.try_admit(SITE) for _ in range(2)]
+    busy = [lim.try_admit(other) for _ in range(3)]  # most in flight is another origin's
+    assert all(isinstance(b, Lease) for b in busy)
+    for lease in leases:
+        answer(lim, clock, lease)
+    ol = lim.origin_state(SITE).learner
+    assert ol.leap is not None and not ol.leap_far
+
+
+def test_a_leap_is_never_an_exit_whose_proxy_failed_since_it_served():
+    """A dead proxy that refused once (not evicted yet) had been picked as the near leap:
+    its test never came, and the scout's 429 (a slow exit's) set the pool's ceiling with
+    the far leap's 429."""
+    for seed in range(8):
+        clock = FakeClock(0.0)
+        exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(3)]
+        lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
+                      tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+        scout, sound, dead = (lim.try_admit(SITE) for _ in range(3))
+        lim.proxy_fault(dead, dead.exit_id, SITE)
+        lim.release(dead.id, answered=False)
+        answer(lim, clock, sound)
+        answer(lim, clock, scout)
+        assert lim.origin_state(SITE).learner.leap == sound.exit_id, seed
+
+
 def test_the_leap_is_shared_like_the_scout():
     """Other processes (Redis backend) adopt the leap with the rest of the learning: one
     leap per origin across processes, and a test of theirs answered here counts."""
@@ -381,6 +485,7 @@ def test_the_leap_is_shared_like_the_scout():
     from scrapy_exitlimit.core.sharing import export_learning, import_learning
 
     lim, clock, ol, leap = discovery_with_a_leap()
+    assert not ol.leap_far  # (the near leap: the far one's refusal is shared too)
     data = json.loads(json.dumps(export_learning(lim.origin_state(SITE), lambda _: None)))
     other, _ = learner(4, start_leap=2.0)
     ostate = other.origin_state(SITE)
@@ -388,6 +493,7 @@ def test_the_leap_is_shared_like_the_scout():
                     pair_of=lambda key: other.state.pair(ostate, key),
                     configured=lambda _: None)
     assert ostate.learner.leap == leap and ostate.learner.scout == ol.scout
+    assert not ostate.learner.leap_far
 
 
 def test_a_slow_start_raise_that_draws_429s_on_many_exits_goes_back_not_halves():

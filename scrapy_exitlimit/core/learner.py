@@ -8,7 +8,9 @@ with a :class:`RateEstimate`:
    other exits send one request each and wait for the verdict, so a start rate
    above the limit draws one 429, not one per exit. Meanwhile one more exit (the
    ``leap``) tries twice the start rate: clean, slow start goes on from there a
-   step sooner; a 429 is the lone 429 that a second exit must confirm anyway.
+   step sooner; a 429 is the lone 429 that a second exit must confirm anyway. On a
+   fast path with the crawl mostly on this origin the first leap is the far one
+   (four times the start rate); refused, another exit leaps twice it.
 2. **The pool's per-IP rate** (``pool``): one scout at a time probes above what
    is clean (slow start, then bisection); the others pace at ``lo``.
 3. **A lone exit is not the pool.** Before any ceiling is known, a scout's 429
@@ -275,8 +277,12 @@ class SharedRateLearner:
             offered = self.admitted_rate(now)
             accepted = self.accepted_rate(now)
             top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
-            # where the site took requests, but never under half what was sent
-            start = max(accepted, offered / 2, self.min_rate)
+            # where the site took requests, but never under half what was sent, nor
+            # under what it took over the last SITE_MEMORY seconds (blamed as exits come
+            # back from the cooldowns a window's wall gave them, the last second took
+            # next to nothing: a window of 20 per 10 s per IP started the site at 1.9 r/s)
+            start = max(accepted, offered / 2, self._clean_rate(now, SITE_MEMORY),
+                        self.min_rate)
             site = self.site = RateEstimate(min(start, top), floor=self.min_rate, ceiling=top)
             # no ceiling yet: what was sent on average tells little (a strict limit
             # refuses a burst of a few requests however slow the average); slow start
@@ -399,6 +405,12 @@ class OriginLearner(SharedRateLearner):
     leap_sent: bool = False
     #: what the leap tries, in units of the start rate (1 or less: no leap)
     leap_factor: float = GROWTH
+    #: the leap (under way, or the next one) is the far one: the first tries the square
+    #: of ``leap_factor`` (4 x: on an origin with no limit, proven in an eighth of a
+    #: second at a start of 2 r/s, not a quarter); refused, it is the lone 429 a second
+    #: exit must confirm, and another exit leaps ``leap_factor`` (its test due when the
+    #: first leap's would have been: discovery under a per-IP limit goes as without it)
+    leap_far: bool = True
     #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
     suspect: str | None = None
     suspect_rate: float = math.inf
@@ -428,13 +440,18 @@ class OriginLearner(SharedRateLearner):
         return self.pool.lo
 
     def leap_rate(self) -> float:
-        return min(self.pool.lo * self.leap_factor, self.pool.ceiling)
+        factor = self.leap_factor ** 2 if self.leap_far else self.leap_factor
+        return min(self.pool.lo * factor, self.pool.ceiling)
 
     def wants_leap(self) -> bool:
         """Whether a leap is worth trying: a scout is proving a start rate not yet
-        refused (after a 429, discovery has its second opinion to find, under it)."""
+        refused (after a 429, discovery has its second opinion to find, under it; the
+        far leap's lone 429 leaves the near leap under it to try)."""
         pool = self.pool
-        return not pool.proven and pool.hi is None and self.suspect is None and \
+        if self.suspect is not None and (self.leap_far or
+                                         self.leap_rate() >= self.suspect_rate):
+            return False
+        return not pool.proven and pool.hi is None and \
             self.scout is not None and self.leap_rate() > pool.lo
 
     def probe_rate(self) -> float:
@@ -447,7 +464,7 @@ class OriginLearner(SharedRateLearner):
         target = pool.target()
         suspect = self.suspect_rate
         if self.suspect is None or pool.hi is not None or not pool.proven or \
-                not math.isfinite(suspect) or suspect <= pool.lo:
+                not math.isfinite(suspect) or suspect <= pool.lo * (1 + 1e-9):
             return target
         if suspect > pool.lo * CLIMB_BELOW:
             return min(target, math.sqrt(pool.lo * suspect))
@@ -594,7 +611,9 @@ class OriginLearner(SharedRateLearner):
                 self.scout = None
             else:  # slow start: the scout goes on, its pace already up to speed
                 pl.confirmations, pl.confirmed_rate = 0, math.inf
-            if self.suspect is not None and est.lo >= self.suspect_rate:
+            # (within rounding: a climb that reached 3.9999999 under a 429 at 4 had
+            # probed at 4 for good, never counted above what was clean)
+            if self.suspect is not None and est.lo * (1 + 1e-9) >= self.suspect_rate:
                 self.suspect = None  # the lone 429 was the suspect's own limit
         # a pair that learned its own limit rejoins the pool's once it reaches it
         if own and not configured and est.lo >= self.pool.lo * (1 - 2 * RESOLUTION) \
@@ -671,8 +690,9 @@ class OriginLearner(SharedRateLearner):
         pool = self.pool
         if leaping and self.wants_leap() and not wider and math.isfinite(clean_gap) and \
                 self.active_exits(now) > 1:
-            # twice the start rate refused: a lone 429, as a scout's first one is; the
-            # scout goes on proving the start rate
+            # the leap refused: a lone 429, as a scout's first one is; the scout goes on
+            # proving the start rate (and after the far leap, another exit tries less)
+            self.leap_far = False
             return self._lone_429(origin, exit_id, pl, rate, now)
         if self.scout == exit_id and (rate > pool.lo * (1 + 1e-9) or not pool.proven) and (
                 not wider and math.isfinite(clean_gap)):
@@ -764,6 +784,10 @@ class OriginLearner(SharedRateLearner):
         """A first 429 while the pool has no ceiling: ``exit_id``'s own limit (the
         suspect's, with an estimate of its own) until another exit agrees."""
         pool = self.pool
+        if self.suspect not in (None, exit_id):  # a lower 429 says more: the first rejoins
+            earlier = self.learning_of(self.suspect)
+            if earlier is not None:
+                earlier.own = None
         self.suspect, self.suspect_rate = exit_id, rate
         pl.own = RateEstimate(pool.lo, floor=self.min_rate, ceiling=pool.ceiling,
                               proven=pool.proven)
@@ -863,7 +887,7 @@ class OriginLearner(SharedRateLearner):
     # -- sharing -------------------------------------------------------------------
     def mark(self) -> tuple:
         return (self.pool.lo, self.pool.changed_at, self.pool.proven, self.scout, self.leap,
-                self.rate_mark())
+                self.leap_far, self.rate_mark())
 
     def export(self) -> dict[str, Any]:
         return {
@@ -873,6 +897,7 @@ class OriginLearner(SharedRateLearner):
             "scout_since": self.scout_since,
             "leap": self.leap,
             "leap_sent": self.leap_sent,
+            "leap_far": self.leap_far,
             "suspect": self.suspect,
             "suspect_rate": self.suspect_rate if math.isfinite(self.suspect_rate) else None,
             "ceiling_by": sorted(self.ceiling_by),
@@ -887,6 +912,7 @@ class OriginLearner(SharedRateLearner):
         self.scout_since = data["scout_since"]
         self.leap = data.get("leap")
         self.leap_sent = bool(data.get("leap_sent", False))
+        self.leap_far = bool(data.get("leap_far", True))
         self.suspect = data.get("suspect")
         rate = data.get("suspect_rate")
         self.suspect_rate = math.inf if rate is None else rate
