@@ -10,7 +10,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from contextlib import contextmanager
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -385,15 +385,10 @@ class Run:
                 self.cooldowns[origin, exit_id] = (pair.cooldown_until, pair.banned_until)
 
 
-@contextmanager
 def search(kind: str):
     """``scan``: the small-pool search; ``index``: the large-pool one, forced on."""
-    saved = limiter_module.INDEX_ABOVE
-    limiter_module.INDEX_ABOVE = saved if kind == "scan" else 0
-    try:
-        yield
-    finally:
-        limiter_module.INDEX_ABOVE = saved
+    return mock.patch.object(limiter_module, "INDEX_ABOVE",
+                             limiter_module.INDEX_ABOVE if kind == "scan" else 0)
 
 
 @SETTINGS
@@ -515,7 +510,7 @@ def test_the_scan_picks_what_judging_every_exit_picks(rate, concurrency, ops):
                   tuning=Tuning(margin=0.005, evict_after=1, reanimate_after=1.0),
                   rng=random.Random(7))
     held: list[Lease] = []
-    with _patched(limiter_module.selector, "scan", checked):
+    with mock.patch.object(limiter_module.selector, "scan", checked):
         for dt, op in ops:
             clock.advance(dt)
             if op == "admit":
@@ -537,12 +532,3 @@ def test_the_scan_picks_what_judging_every_exit_picks(rate, concurrency, ops):
             lim.release(lease.id, op != "fault")
     assert len(compared) == sum(op == "admit" for _, op in ops)
 
-
-@contextmanager
-def _patched(module, name, value):
-    before = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, before)

@@ -147,16 +147,16 @@ class FeedbackLaws:
             if learner is not None:
                 learner.scope_refused(now, lease.admitted_at)
                 learned_scopes.append((scope.id, learner))
-        learner = origin_state.learner
-        far_leap = learner.leap == exit_id and learner.leap_far
-        self._learned(out, origin, learner.rate_limited(
+        origin_learner = origin_state.learner
+        far_leap = origin_learner.leap == exit_id and origin_learner.leap_far
+        self._learned(out, origin, origin_learner.rate_limited(
             origin, exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             admitted_at=lease.admitted_at, now=now, slack=pair.bucket.margin + pair.spread,
             origin_slack=lambda: pair.bucket.margin + max(
                 p.spread for p in origin_state.pairs.values()),
             pick_scout=partial(self._pick_scout, origin_state, now), scopes=learned_scopes,
             foreign_before=lease.foreign_before))
-        if far_leap and not learner.leap_far:  # its lone 429: the near leap, at once
+        if far_leap and not origin_learner.leap_far:  # its lone 429: the near leap, at once
             self._leap(out, origin, origin_state, now)
         return out
 
