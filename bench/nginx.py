@@ -20,6 +20,7 @@ s before it forwards a request. The limiter that counts is still nginx's.
     python bench/nginx.py --case site-wide --repeat 3    # 20 r/s for the site, 5 per IP
     python bench/nginx.py --case per-ip --warm --repeat 3  # cold, then warm from its state
     python bench/nginx.py --case site-wide --warm --strategy exitlimit-redis-learned
+    python bench/nginx.py --case burst --repeat 3        # 5 r/s per IP, burst=5 nodelay
     python bench/nginx.py --case jitter-small --repeat 3 # 20 ms + U(0, 60 ms) exit -> nginx
     python bench/nginx.py --case jitter-large --strategy exitlimit   # 50 + U(0, 300), rate given
     python bench/nginx.py --case mixed --repeat 3        # 2 exits at 1 r/s, 1 banned, 1 dead
@@ -90,6 +91,7 @@ class Case:
     change_at: float | None = None
     changed_rate: float | None = None
     site_rate: float | None = None  # a limit_req zone for the whole site, r/s
+    burst: int = 0  # limit_req's burst (nodelay): a token bucket that holds this many more
     #: network jitter between each exit and nginx: tinyproxy forwards to its own relay
     #: (a lab proxy, bound to the exit's IP) that waits ``delay`` + U(0, ``jitter``) s
     delay: float = 0.0
@@ -130,6 +132,10 @@ CASES = {
                       retry_after_429=1, site_rate=20),
     "per-ip": Case(rate=5, exits=10, pages=1000, strategy="exitlimit-learned",
                    retry_after_429=1),
+    # a bucket with a burst (nginx limit_req burst=5 nodelay): slow start climbs on the
+    # burst and meets its wall
+    "burst": Case(rate=5, exits=10, pages=1000, strategy="exitlimit-learned",
+                  retry_after_429=1, burst=5),
     "per-ip-known": Case(rate=5, exits=10, pages=1000, strategy="exitlimit",
                          retry_after_429=1),
     # issue 11's jittery paths, as it measured them (through a relay): learned; the rate
@@ -264,7 +270,8 @@ class Servers:
         if case.rate:  # per origin (the port it listens on) and client IP
             key = "$binary_remote_addr$server_port" if case.origins > 1 else "$binary_remote_addr"
             perip_zone = f"limit_req_zone {key} zone=perip:10m rate={case.rate:g}r/s;"
-            perip_limit = "limit_req zone=perip;"
+            perip_limit = f"limit_req zone=perip burst={case.burst} nodelay;" if case.burst \
+                else "limit_req zone=perip;"
         mixed_zones = banned = slow_limit = ""
         if case.slow:  # an empty key is not limited: only the slow exits' IPs get one
             ips = " ".join(f"127.0.0.{FIRST_EXIT_HOST + i} $binary_remote_addr;"

@@ -20,7 +20,9 @@ from scrapy_exitlimit.core.learner import (
     CONFIRMATIONS_NEAR_CEILING,
     HALVE_EXITS,
     RECENT,
+    SITE_MEMORY,
     SLOW_RESOLUTION,
+    STORM_OVER,
     OriginLearner,
     PairLearning,
 )
@@ -494,6 +496,39 @@ def test_the_leap_is_shared_like_the_scout():
                     configured=lambda _: None)
     assert ostate.learner.leap == leap and ostate.learner.scout == ol.scout
     assert not ostate.learner.leap_far
+
+
+@pytest.mark.parametrize("took, expected", [(6.0, None), (40.0, 80.0)])
+def test_a_wave_far_over_what_the_site_took_goes_down_to_that_at_once(took, expected):
+    """Slow start climbed on a burst (or a window's count) to 160 r/s per exit while the
+    site took ``took`` per exit over the last SITE_MEMORY seconds: the wave of 429s at
+    its wall takes the pool down to that in one step when it is STORM_OVER times over,
+    and halves it otherwise."""
+    lim, clock = learner(10)
+    ol = lim.origin_state(SITE).learner
+    pool = ol.pool
+    pool.proven, pool.lo = True, 160.0
+    pool.changed_at = clock.now
+    ol.admitted(next(iter(lim.exits)), clock.now)  # the crawl's first admission
+    seconds = 2.0
+    for i in range(int(took * 10 * seconds)):  # clean answers over the last 2 s
+        ol._answered(clock.now + i / (took * 10), clock.now, True)
+    clock.now += seconds
+    for exit_id in lim.exits:  # the whole pool in use
+        ol.admitted(exit_id, clock.now - 0.05)
+    for i, exit_id in enumerate(list(lim.exits)[:HALVE_EXITS]):
+        pl = lim.pair_state(SITE, exit_id).learning
+        pl.last_clean = clock.now - 1 / 160.0
+        pl.clean_gaps.append((clock.now - 0.2, 1 / 100.0))
+        ol.rate_limited(SITE, exit_id, pl, rate=160.0, gap=1 / 160.0, admitted_at=clock.now,
+                        now=clock.now + 0.01 * (i + 1), slack=0.0,
+                        pick_scout=lambda _: None)
+    rate = ol._clean_rate(clock.now + 0.03, SITE_MEMORY) / 10
+    assert rate == pytest.approx(took, rel=0.05)
+    assert (took * STORM_OVER < 80.0) == (expected is None)
+    # 6 r/s: straight down to it; 40 r/s: halved, as without the rule
+    assert pool.lo == pytest.approx(rate if expected is None else expected)
+    assert pool.hi == pytest.approx(160.0)
 
 
 def test_a_slow_start_raise_that_draws_429s_on_many_exits_goes_back_not_halves():

@@ -86,6 +86,9 @@ SCOUT_PATIENCE = 20
 SCOUT_QUIET = 5.0
 #: answers since the site's rate last changed that tell what share it takes
 MIN_SHARE_ANSWERS = 5
+#: a pool decrease still this many times over what the site took per exit over the last
+#: SITE_MEMORY seconds goes straight down to that
+STORM_OVER = 4.0
 #: seconds of clean answers a site decrease never goes under (as a rate): a limit
 #: counted over a window (N per minute) goes on refusing for the rest of its window
 #: whatever the pace, and must not walk the site rate to the floor
@@ -842,11 +845,21 @@ class OriginLearner(SharedRateLearner):
         if exits >= HALVE_EXITS and self._just_raised(now):
             # right after a raise: the raise was wrong (one clean answer on a jittery
             # path, luck), not the limit moved: back to where the pool last ran clean
-            return self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now,
-                               pool.raised_from)
-        streak = max(pl.rate_streak, len(BACKOFF_BY_STREAK)) if exits >= HALVE_EXITS \
-            else pl.rate_streak
-        return self._lower(origin, None, pool, rate, streak, admitted_at, now)
+            events = self._lower(origin, None, pool, rate, pl.rate_streak, admitted_at, now,
+                                 pool.raised_from)
+        else:
+            streak = max(pl.rate_streak, len(BACKOFF_BY_STREAK)) if exits >= HALVE_EXITS \
+                else pl.rate_streak
+            events = self._lower(origin, None, pool, rate, streak, admitted_at, now)
+        # a pace far over what the site took per exit over the last SITE_MEMORY seconds
+        # (slow start climbed on a burst's or a window's count, then met its wall): down
+        # to what it took at once, not by halves a round (a cooldown) at a time; only
+        # once answers tell (a test of the laws alone, or a crawl's first answers)
+        if events and len(self.clean_times) >= MIN_SHARE_ANSWERS:
+            took = self._clean_rate(now, SITE_MEMORY) / max(self.active_exits(now), 1)
+            if took * STORM_OVER < pool.lo:
+                pool.lo = max(took, pool.floor)
+        return events
 
     def _pool_jitter(self, pl: PairLearning, wider: bool, now: float) -> bool:
         """Whether a 429 as late after the pair's last clean request as clean ones came

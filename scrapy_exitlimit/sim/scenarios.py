@@ -69,6 +69,8 @@ def _broad(scale: float) -> Crawl:
 SCENARIOS = [
     Scenario("per-ip", "10 exits, 5 r/s per IP, strict", _single(
         lambda: OriginModel(per_ip=_per_ip(5.0)), 1000), lambda ok: ok / 50, 5.0),
+    Scenario("per-ip-fast", "10 exits, 20 r/s per IP, strict", _single(
+        lambda: OriginModel(per_ip=_per_ip(20.0)), 3000), lambda ok: ok / 200, 20.0),
     Scenario("site-wide", "20 r/s for the site, 5 r/s per IP", _single(
         lambda: OriginModel(per_ip=_per_ip(5.0), site=Gcra(20.0)), 600), lambda ok: ok / 20, 5.0),
     Scenario("site-only", "20 r/s for the site, no per-IP limit", _single(
