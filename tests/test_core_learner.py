@@ -440,3 +440,24 @@ def test_a_pair_under_a_given_rate_keeps_the_pace_it_just_took_clean():
         own = lim.pair_state(SITE, f"127.0.0.{10 + i}:3128").learning.own
         assert own is not None and own.hi is not None
         assert 1.8 <= own.lo <= 2.0 <= own.hi, own
+
+
+def test_a_site_limit_found_on_the_first_burst_starts_where_the_site_took_requests():
+    """Discovery sends one request per exit at once: a site at 20 r/s takes one of that
+    burst and refuses the rest. Read as a pace (10 requests in a few ms, over 0.1 s), the
+    burst had started the site rate at half of 90 r/s, walked down by halves with a round
+    of 429s each; and the new budget's first request, sent at once, had drawn a 429 that
+    set the site's ceiling at twice its start. It starts at what the site took, its budget
+    an interval after the burst, and finds 20 r/s from below."""
+    clock = FakeClock(0.0)
+    lim = limiter(10, clock)
+    ol = lim.origin_state(SITE).learner
+    model = OriginModel(per_ip=Unlimited, site=Gcra(20.0))
+    counts = drive(lim, clock, model, 0.2, latency=0.001)
+    assert ol.site is not None
+    assert ol.paced_rate(clock.now) < ol.admitted_rate(clock.now)  # the burst left out
+    assert ol.site.lo <= 20.0 and ol.site.hi is None  # no ceiling from its own budget
+    assert counts[429] == 3  # the three that pointed at the site, no more
+    counts = drive(lim, clock, model, 4.0, latency=0.001)
+    assert 17.0 <= ol.site.lo <= 20.5
+    assert counts.get(429, 0) <= 4

@@ -39,8 +39,13 @@ class OriginBudget:
         #: when the origin's requests surely arrived: its pacing is re-anchored on answers
         self.arrivals = ArrivalFloor()
 
-    def sync(self, site_rate: float | None) -> TokenBucket | None:
-        """Pace at the lower of the site rate and the 503 budget (None: no budget)."""
+    def sync(self, site_rate: float | None, last_admit: float = -math.inf
+             ) -> TokenBucket | None:
+        """Pace at the lower of the site rate and the 503 budget (None: no budget). A new
+        budget's first request goes an interval after ``last_admit``, the origin's latest
+        request: the server counted that one too (a site limit found on the crawl's first
+        burst, its budget's first request at once, had drawn a 429 that set the site's
+        ceiling at twice its start)."""
         rates = [r for r in (site_rate, self.overload_rate) if r is not None]
         if not rates:
             self.bucket = None
@@ -49,6 +54,8 @@ class OriginBudget:
         bucket = self.bucket
         if bucket is None:
             bucket = self.bucket = TokenBucket(rate, self.burst, self.margin)
+            if math.isfinite(last_admit):
+                bucket.arrived(last_admit)
         elif rate != bucket.rate:
             bucket.set_rate(rate)
         return bucket

@@ -167,6 +167,18 @@ class SharedRateLearner:
         return self._per_second(sum(1 for at, _ in self.admissions if 0 <= now - at <= window),
                                 now, window, least)
 
+    def paced_rate(self, now: float) -> float:
+        """``admitted_rate`` over the last second less each exit's first request while
+        the crawl is young (the admissions kept still reach back to its start):
+        discovery sends those together, one per exit, a burst and not a pace."""
+        count = sum(1 for at, _ in self.admissions if 0 <= now - at <= 1.0)
+        if now - self.first_admission <= 2.0:
+            firsts: dict[str, float] = {}
+            for at, exit_id in self.admissions:
+                firsts.setdefault(exit_id, at)
+            count -= sum(1 for at in firsts.values() if 0 <= now - at <= 1.0)
+        return self._per_second(count, now, 1.0, 0.1)
+
     def rate_before(self, admitted_at: float) -> float:
         """Requests/s admitted over the second up to ``admitted_at`` (a request's
         admission): what the origin saw as that request arrived, however late its answer
@@ -274,10 +286,11 @@ class SharedRateLearner:
         confirmations were reset by the 429 that brought us here)."""
         site = self.site
         if site is None:
-            # early in a crawl these are counts over a fraction of a second: read them
-            # as per whole second, or the first burst (one request per exit) would pass
-            # for a rate the site never took
-            offered = self.admitted_rate(now)
+            # early in a crawl these are counts over a fraction of a second, and the
+            # first burst (one request per exit, discovery's) is no pace: a site at
+            # 20 r/s refuses most of it, and read as a rate it had started the site at
+            # 45 r/s, walked down by halves with a round of 429s each
+            offered = self.paced_rate(now)
             accepted = self.accepted_rate(now)
             top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
             # where the site took requests, but never under half what was sent, nor
@@ -706,6 +719,12 @@ class OriginLearner(SharedRateLearner):
             return self._probe_failed(origin, exit_id, pl, rate, admitted_at, now, pick_scout,
                                       proven=max(rate, proven), check=check)
         own = pl.own
+        if exit_id == self.suspect and self.site is not None:
+            # a lone 429's exit, awaiting a second opinion while the site's budget paces
+            # the origin: its 429s are the site's as likely as its own, and a second exit
+            # decides (4 exits under 8 r/s for the site, no per-IP limit: the suspect had
+            # walked its own limit down to the 2 r/s the budget gave it)
+            return self._site_evidence(origin, exit_id, admitted_at, now, wider)
         if own is not None and rate > own.lo * (1 + 1e-9) and not wider:
             # a pair probing its own limit found it
             return self._lower(origin, exit_id, own, rate, pl.rate_streak, admitted_at, now,

@@ -176,7 +176,8 @@ class Limiter:
         return _OriginRules(self, origin_state).pace(exit_id, pair)
 
     def _sync_budget(self, origin_state: OriginState) -> TokenBucket | None:
-        return origin_state.budget.sync(origin_state.learner.site_rate())
+        return origin_state.budget.sync(origin_state.learner.site_rate(),
+                                        origin_state.last_admit)
 
     def _tick(self, origin_state: OriginState, now: float) -> None:
         learner = origin_state.learner
