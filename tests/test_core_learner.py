@@ -455,7 +455,7 @@ def test_a_site_limit_found_on_the_first_burst_starts_where_the_site_took_reques
     model = OriginModel(per_ip=Unlimited, site=Gcra(20.0))
     counts = drive(lim, clock, model, 0.2, latency=0.001)
     assert ol.site is not None
-    assert ol.paced_rate(clock.now) < ol.admitted_rate(clock.now)  # the burst left out
+    assert ol.offered_pace(clock.now) < ol.admitted_rate(clock.now)  # the burst left out
     assert ol.site.lo <= 20.0 and ol.site.hi is None  # no ceiling from its own budget
     assert counts[429] == 3  # the three that pointed at the site, no more
     counts = drive(lim, clock, model, 4.0, latency=0.001)

@@ -167,7 +167,7 @@ class SharedRateLearner:
         return self._per_second(sum(1 for at, _ in self.admissions if 0 <= now - at <= window),
                                 now, window, least)
 
-    def paced_rate(self, now: float) -> float:
+    def offered_pace(self, now: float) -> float:
         """``admitted_rate`` over the last second less each exit's first request while
         the crawl is young (the admissions kept still reach back to its start):
         discovery sends those together, one per exit, a burst and not a pace."""
@@ -290,7 +290,7 @@ class SharedRateLearner:
             # first burst (one request per exit, discovery's) is no pace: a site at
             # 20 r/s refuses most of it, and read as a rate it had started the site at
             # 45 r/s, walked down by halves with a round of 429s each
-            offered = self.paced_rate(now)
+            offered = self.offered_pace(now)
             accepted = self.accepted_rate(now)
             top = self.site_ceiling if self.site_ceiling is not None else self.max_rate
             # where the site took requests, but never under half what was sent, nor
