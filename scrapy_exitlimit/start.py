@@ -32,7 +32,7 @@ __all__ = ["SLICE", "CooperativeStartMiddleware", "loop_turn"]
 #: seconds start requests are read for before the event loop gets a turn: a pacing
 #: timer fires at most about this late, and leases, one per loop turn, go out at most
 #: this far apart (a slow-start step reached 10 exits over 50 ms at 5 ms slices; no
-#: limit, the crawl's first second lacked 0.37-0.41 s of its later rate, 0.31-0.34 s at
+#: limit, the crawl's first second lacked 0.37-0.41 s of its later rate, 0.31-0.36 s at
 #: 1 ms; ~180 turns for 3,000 start requests, a few ms in all)
 SLICE = 0.001
 
