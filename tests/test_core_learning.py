@@ -498,6 +498,22 @@ def test_the_leap_is_shared_like_the_scout():
     assert not ostate.learner.leap_far
 
 
+def pool_wave(lim, clock, rate, clean_gap):
+    """The whole pool in use, then HALVE_EXITS exits 429 at ``rate``, each clearly closer
+    after its last clean request than its clean ones came (``clean_gap`` apart): each
+    exit's own per-IP limit, the pool's pace drawing them."""
+    ol = lim.origin_state(SITE).learner
+    for exit_id in lim.exits:
+        ol.admitted(exit_id, clock.now - 0.05)
+    for i, exit_id in enumerate(list(lim.exits)[:HALVE_EXITS]):
+        pl = lim.pair_state(SITE, exit_id).learning
+        pl.last_clean = clock.now - 1 / rate
+        pl.clean_gaps.append((clock.now - 0.2, clean_gap))
+        ol.rate_limited(SITE, exit_id, pl, rate=rate, gap=1 / rate, admitted_at=clock.now,
+                        now=clock.now + 0.01 * (i + 1), slack=0.0,
+                        pick_scout=lambda _: None)
+
+
 @pytest.mark.parametrize("took, expected", [(6.0, None), (40.0, 80.0)])
 def test_a_wave_far_over_what_the_site_took_goes_down_to_that_at_once(took, expected):
     """Slow start climbed on a burst (or a window's count) to 160 r/s per exit while the
@@ -514,15 +530,7 @@ def test_a_wave_far_over_what_the_site_took_goes_down_to_that_at_once(took, expe
     for i in range(int(took * 10 * seconds)):  # clean answers over the last 2 s
         ol._answered(clock.now + i / (took * 10), clock.now, True)
     clock.now += seconds
-    for exit_id in lim.exits:  # the whole pool in use
-        ol.admitted(exit_id, clock.now - 0.05)
-    for i, exit_id in enumerate(list(lim.exits)[:HALVE_EXITS]):
-        pl = lim.pair_state(SITE, exit_id).learning
-        pl.last_clean = clock.now - 1 / 160.0
-        pl.clean_gaps.append((clock.now - 0.2, 1 / 100.0))
-        ol.rate_limited(SITE, exit_id, pl, rate=160.0, gap=1 / 160.0, admitted_at=clock.now,
-                        now=clock.now + 0.01 * (i + 1), slack=0.0,
-                        pick_scout=lambda _: None)
+    pool_wave(lim, clock, 160.0, 1 / 100.0)
     rate = ol._clean_rate(clock.now + 0.03, SITE_MEMORY) / 10
     assert rate == pytest.approx(took, rel=0.05)
     assert (took * STORM_OVER < 80.0) == (expected is None)
@@ -543,17 +551,7 @@ def test_a_slow_start_raise_that_draws_429s_on_many_exits_goes_back_not_halves()
         pool.confirmed(5.5, clock.now)  # slow start: 4 -> 5.5 on one clean answer
         assert (pool.raised_from, pool.raised_at) == (4.0, clock.now)
         clock.now += after
-        for exit_id in lim.exits:  # the whole pool in use
-            ol.admitted(exit_id, clock.now - 0.05)
-        for i, exit_id in enumerate(list(lim.exits)[:HALVE_EXITS]):
-            pl = lim.pair_state(SITE, exit_id).learning
-            # at the new pace, clearly closer after its last clean request than the
-            # clean ones at the old pace came: each exit's own per-IP limit
-            pl.last_clean = clock.now - 1 / 5.5
-            pl.clean_gaps.append((clock.now - 0.2, 0.25))
-            ol.rate_limited(SITE, exit_id, pl, rate=5.5, gap=1 / 5.5, admitted_at=clock.now,
-                            now=clock.now + 0.01 * (i + 1), slack=0.0,
-                            pick_scout=lambda _: None)
+        pool_wave(lim, clock, 5.5, 0.25)  # at the new pace, the clean ones at the old
         assert pool.lo == pytest.approx(expected), after
         assert pool.hi == pytest.approx(5.5)
 
