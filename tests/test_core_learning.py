@@ -18,11 +18,14 @@ from scrapy_exitlimit.core import (
 from scrapy_exitlimit.core.health import START_LIMIT, CpuLoad
 from scrapy_exitlimit.core.learner import (
     CONFIRMATIONS_NEAR_CEILING,
+    FAR_LEAP_LATENCY,
     HALVE_EXITS,
+    JUMP,
     RECENT,
     SITE_MEMORY,
     SLOW_RESOLUTION,
     STORM_OVER,
+    WARY,
     OriginLearner,
     PairLearning,
 )
@@ -391,6 +394,140 @@ def test_the_far_leap_proves_four_times_the_start_rate_in_an_eighth_of_a_second(
     assert ol.scout == leap and ol.suspect is None
 
 
+def far_leap_clean(latency=0.001):
+    """Discovery whose far leap ran clean, its answer ``latency`` after its request:
+    (lim, clock, learner, the leap's exit, now the scout)."""
+    lim, clock, ol, leap = discovery_with_a_leap(far=True)
+    clock.now = lim.try_admit(SITE)
+    test = lim.try_admit(SITE)
+    assert test.exit_id == leap and test.rate == 8.0
+    answer(lim, clock, test, latency=latency)
+    assert ol.pool.proven and ol.scout == leap and ol.pool.hi is None
+    return lim, clock, ol, leap
+
+
+@pytest.mark.parametrize("latency, jump", [
+    (0.001, JUMP),  # a fast path: JUMP times what the far leap proved
+    (0.01, 1 / (0.01 * FAR_LEAP_LATENCY) / 8.0),  # a test a quarter interval long: 25 r/s
+    (0.02, None),  # 12.5 r/s is under twice the proven 8: a plain step
+])
+def test_after_a_clean_far_leap_the_next_step_jumps_as_far_as_the_path_tells(latency, jump):
+    """No limit: slow start from 8 r/s took four more steps (16, 32, 64, 128) to reach
+    the ~55 r/s per exit a crawl took (0.16 s in the lab); the scout's next step tries up
+    to JUMP times the far leap's rate at once, as fast as its path lets a test at that
+    rate tell (a quarter of the interval, as for the far leap), then doubles again."""
+    lim, clock, ol, scout = far_leap_clean(latency)
+    proven = ol.pool.lo
+    expected = 2 * proven if jump is None else min(JUMP * proven, jump * 8.0)
+    assert ol.probe_rate() == pytest.approx(expected, rel=1e-6)
+    assert lim.pair_rate(lim.origin_state(SITE), scout, lim.pair_state(SITE, scout)) == \
+        pytest.approx(expected, rel=1e-6)
+    probe = None
+    while probe is None:  # the others follow at the proven rate; the scout jumps
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got
+        elif got.exit_id == scout:
+            probe = got
+        else:
+            assert got.rate == pytest.approx(proven)
+            answer(lim, clock, got)
+    assert probe.rate == pytest.approx(expected, rel=1e-6)
+    answer(lim, clock, probe, latency=latency)
+    # (what it proves: its pace less the wait for its path, as any step's)
+    assert ol.pool.lo > proven * 1.4 and ol.jump is None
+    assert ol.probe_rate() == pytest.approx(2 * ol.pool.lo)  # slow start goes on
+
+
+def test_the_jumps_429_is_a_lone_one_checked_from_below():
+    """Refused (a per-IP limit between 8 and 64 r/s): the jump's 429 is a scout's lone
+    429 like any other, and slow start goes on in steps under it: the next exit tries
+    twice the proven rate."""
+    lim, clock, ol, scout = far_leap_clean()
+    proven = ol.pool.lo
+    probe = None
+    while probe is None:
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got
+        elif got.exit_id == scout:
+            probe = got
+        else:
+            answer(lim, clock, got)
+    answer(lim, clock, probe, status=429)
+    assert ol.suspect == scout and ol.jump is None and ol.pool.hi is None
+    assert ol.scout not in (None, scout)
+    assert ol.suspect_rate >= probe.rate and ol.probe_rate() == pytest.approx(2 * proven)
+
+
+def test_after_a_429_in_slow_start_the_pools_exits_send_one_at_a_time_for_a_while():
+    """A bucket's burst or a window's count spent on every exit at once: slow start,
+    having jumped, had each exit at ~100 r/s with several requests in flight, and a round
+    of 429s came back for all of them (the simulator's fixed window: 43 in the first wave,
+    22 with this). After a 429 with no ceiling known, an exit of the pool waits for its
+    answer before its next request, for WARY seconds; an exit with a limit of its own
+    does not, nor does any where slow start did not jump."""
+    lim, clock, ol, scout = far_leap_clean()
+    assert not ol.jumped
+    probe = None
+    while probe is None:  # the scout's jump runs clean
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got
+        elif got.exit_id == scout:
+            probe = got
+        else:
+            answer(lim, clock, got)
+    answer(lim, clock, probe)
+    assert ol.jumped and ol.pool.hi is None
+    clock.now = 1.0
+    sent: dict[str, list[Lease]] = {}
+    while len(sent) < len(lim.exits):  # a request in flight on every exit, none answered
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got
+        else:
+            sent.setdefault(got.exit_id, []).append(got)
+    rest = next(e for e in lim.exits if e != scout)
+    other = next(e for e in lim.exits if e not in (scout, rest))
+    pair = lim.pair_state(SITE, other)
+    assert not ol.wary(pair.learning, clock.now)  # no 429 yet: as many in flight as paced
+    answer(lim, clock, sent[rest][0], status=429)
+    assert ol.pool.hi is None and ol.wary(pair.learning, clock.now)
+    in_flight = pair.in_flight
+    assert in_flight >= 1
+    for exit_id, leases in sent.items():  # every other answer comes
+        for lease in leases[exit_id == rest:]:
+            if exit_id != other:
+                answer(lim, clock, lease)
+    granted = []
+    while clock.now < ol.slow_start_429 + WARY / 2:  # the others go on as they may
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = min(got, clock.now + 0.01)
+        else:
+            granted.append(got.exit_id)
+            if got.exit_id != other:
+                answer(lim, clock, got)
+    assert granted and other not in granted and pair.in_flight == in_flight
+    for lease in sent[other]:  # its answers come: it sends again
+        answer(lim, clock, lease)
+    got = lim.try_admit(SITE)
+    while not (isinstance(got, Lease) and got.exit_id == other):
+        if isinstance(got, Lease):
+            answer(lim, clock, got)
+        else:
+            clock.now = got
+        got = lim.try_admit(SITE)
+    assert clock.now < ol.slow_start_429 + WARY
+    assert not ol.wary(pair.learning, ol.slow_start_429 + WARY)  # then as before
+    pair.learning.own = RateEstimate(1.0)
+    assert not ol.wary(pair.learning, clock.now)  # its own limit: its own pace
+    pair.learning.own = None
+    ol.jumped = False
+    assert not ol.wary(pair.learning, clock.now)  # no jump: as before
+
+
 def test_the_far_leaps_429_is_a_lone_one_and_the_near_leap_goes_when_it_would_have():
     """Refused at 8 r/s (a per-IP limit of 5): the far leap's 429 is the lone 429 that
     slow start draws there anyway; another exit leaps twice the start rate at once, its
@@ -496,6 +633,28 @@ def test_the_leap_is_shared_like_the_scout():
                     configured=lambda _: None)
     assert ostate.learner.leap == leap and ostate.learner.scout == ol.scout
     assert not ostate.learner.leap_far
+
+
+def test_the_jump_and_the_wariness_are_shared_too():
+    """Another process paces its exits as this one does: the scout's jump, and one
+    request at a time after a 429 in slow start."""
+    import json
+
+    from scrapy_exitlimit.core.sharing import export_learning, import_learning
+
+    lim, clock, ol, scout = far_leap_clean()
+    ol.slow_start_429, ol.jumped = clock.now, True
+    data = json.loads(json.dumps(export_learning(lim.origin_state(SITE), lambda _: None)))
+    other, _ = learner(4, start_leap=2.0)
+    ostate = other.origin_state(SITE)
+    import_learning(ostate, data, known_exit=lambda _: True,
+                    pair_of=lambda key: other.state.pair(ostate, key),
+                    configured=lambda _: None)
+    theirs = ostate.learner
+    assert theirs.jump == ol.jump and theirs.probe_rate() == pytest.approx(ol.probe_rate())
+    assert theirs.probe_rate() > 2 * theirs.pool.lo
+    pl = other.pair_state(SITE, scout).learning
+    assert theirs.wary(pl, clock.now) and not theirs.wary(pl, clock.now + WARY)
 
 
 def pool_wave(lim, clock, rate, clean_gap):

@@ -49,8 +49,9 @@ class PairRules(Protocol):
     def pair(self, exit_id: str) -> PairState:
         """The exit's pair for the origin (made when new)."""
 
-    def awaits_answer(self, exit_id: str, pair: PairState) -> bool:
-        """One request at a time (new pair, half-open), or discovery holding it."""
+    def awaits_answer(self, exit_id: str, pair: PairState, now: float) -> bool:
+        """One request at a time (new pair, half-open, slow start wary after a 429), or
+        discovery holding it."""
 
     def pace(self, exit_id: str, pair: PairState) -> float:
         """Bring the pair's pacing up to date; returns its rate."""
@@ -65,7 +66,7 @@ def judge(exit_id: str, exit_state: ExitState, rules: PairRules, now: float,
     if exit_state.in_flight >= exit_state.limit:
         return _LOOK_FULL
     pair = rules.pair(exit_id)
-    if rules.awaits_answer(exit_id, pair):
+    if rules.awaits_answer(exit_id, pair, now):
         return (_AWAITS, math.inf, pair)
     if not token:
         held = pair.held_until

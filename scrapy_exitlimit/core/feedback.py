@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from .changes import ExitEvicted, Feedback, Hold, LearningChanged, OriginHeld, PairHeld
 from .events import Event, EventKind
+from .learner import FAR_LEAP_LATENCY
 from .leases import Lease
 from .origin import OriginState
 from .pair import PairState
@@ -45,11 +46,6 @@ from .views import usable
 
 if TYPE_CHECKING:
     from .limiter import Tuning
-
-
-#: the far leap needs the answer that picks it within this share of its interval (a
-#: quarter: its test can then arrive at most 1.25 intervals after the request before it)
-FAR_LEAP_LATENCY = 4.0
 
 
 class FeedbackLaws:
@@ -93,13 +89,17 @@ class FeedbackLaws:
                     EventKind(f"concurrency_{moved}"), lease.origin, lease.exit_id,
                     f"limit {concurrency.limit} (latency {latency:.3f}s, "
                     f"baseline {concurrency.baseline:.3f}s)"))
-        learned = origin_state.learner.succeeded(
+        learner = origin_state.learner
+        far_leap = learner.leap == lease.exit_id and learner.leap_far
+        learned = learner.succeeded(
             lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             margin=pair.bucket.margin, anchored=pair.anchored, spread=pair.spread,
             admitted_at=lease.admitted_at, site_gap=lease.site_gap, now=now,
             site_margin=origin_state.budget.pacing_margin,
             configured=self.state.configured_rate(lease.origin, lease.exit_id) is not None)
         self._learned(out, lease.origin, learned)
+        if far_leap and learner.leap is None and latency is not None:  # it ran clean
+            learner.jump_after_leap(latency)
         self._leap(out, lease.origin, origin_state, now, latency)
         for scope, gap in zip(lease.scopes, lease.scope_gaps, strict=True):
             learner = self.scopes.state(scope).learner

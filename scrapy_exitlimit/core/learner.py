@@ -93,6 +93,14 @@ STORM_OVER = 4.0
 #: counted over a window (N per minute) goes on refusing for the rest of its window
 #: whatever the pace, and must not walk the site rate to the floor
 SITE_MEMORY = 10.0
+#: the far leap needs the answer that picks it within this share of its interval (a
+#: quarter: its test can then arrive at most 1.25 intervals after the request before it)
+FAR_LEAP_LATENCY = 4.0
+#: after a clean far leap, slow start's next step tries up to this many times the rate it
+#: proved, where the path is fast enough to test it (``OriginLearner.jump``)
+JUMP = 8.0
+#: seconds after a 429 in slow start that the pool's exits send one request at a time
+WARY = 1.0
 
 
 @dataclass
@@ -429,6 +437,14 @@ class OriginLearner(SharedRateLearner):
     #: exit must confirm, and another exit leaps ``leap_factor`` (its test due when the
     #: first leap's would have been: discovery under a per-IP limit goes as without it)
     leap_far: bool = True
+    #: the far leap ran clean on a fast path: the scout's next step tries this rate, not
+    #: twice the proven one (no limit: the lab's full pace, ~75 r/s per exit, 0.08 s
+    #: sooner). Refused, it is a scout's lone 429 like any other, and slow start steps on
+    #: under it
+    jump: float | None = None
+    #: a jump ran clean: slow start climbs fast enough to meet a wall (a bucket's burst,
+    #: a window's count) with several requests in flight on every exit (``wary``)
+    jumped: bool = False
     #: the exit whose lone 429 set the pool's first ceiling, until a second one agrees
     suspect: str | None = None
     suspect_rate: float = math.inf
@@ -443,6 +459,8 @@ class OriginLearner(SharedRateLearner):
     #: recent 429s at the pool's pace that the pairs' spacing explains: (time, exit)
     pool_blame: deque[tuple[float, str]] = field(default_factory=deque)
     last_tick: float = -math.inf
+    #: the latest 429 on the origin while slow start had found no ceiling (``wary``)
+    slow_start_429: float = -math.inf
 
     def _blame_window(self) -> float:
         return max(SITE_WINDOW, 2.0 / self.pool.lo)
@@ -480,6 +498,8 @@ class OriginLearner(SharedRateLearner):
         the pool climbs through it."""
         pool = self.pool
         target = pool.target()
+        if self.jump is not None and pool.proven and pool.hi is None and self.suspect is None:
+            return max(target, min(self.jump, pool.ceiling))
         suspect = self.suspect_rate
         if self.suspect is None or pool.hi is not None or not pool.proven or \
                 not math.isfinite(suspect) or suspect <= pool.lo * (1 + 1e-9):
@@ -488,12 +508,35 @@ class OriginLearner(SharedRateLearner):
             return min(target, math.sqrt(pool.lo * suspect))
         return min(target, suspect)
 
+    def jump_after_leap(self, latency: float) -> None:
+        """The far leap ran clean, its answer ``latency`` after its request: the next step
+        tries up to JUMP times the rate it proved, as fast as such a path's arrival jitter
+        lets a test tell (a quarter of the interval, as for the far leap), and only when
+        that is more than one step of slow start."""
+        pool = self.pool
+        rate = min(pool.lo * JUMP, pool.ceiling)
+        if latency > 0:
+            rate = min(rate, 1.0 / (latency * FAR_LEAP_LATENCY))
+        if pool.proven and pool.hi is None and rate > pool.lo * GROWTH * 1.01:
+            self.jump = rate
+
     def holds(self, exit_id: str, pl: PairLearning, sent_before: bool) -> bool:
         """Discovery: while the start rate is unproven, only the scout (and the leap)
         send twice."""
         return (not self.pool.proven and sent_before and pl.own is None
                 and self.scout is not None and self.scout != exit_id
                 and self.leap != exit_id)
+
+    def wary(self, pl: PairLearning, now: float) -> bool:
+        """Slow start jumped, then met a 429 on one of the pool's exits within WARY
+        seconds, the pool's ceiling not yet found: the pool's exits send one request at a
+        time, so that a wall (a bucket's burst or a window's count spent on every exit at
+        once) draws one 429 per exit, not a round of all they had in flight. (Without a
+        jump the climb is slower and the wall's round smaller; held there too, a broad
+        crawl drew more 429s: 4.8 -> 5.1 %.)"""
+        pool = self.pool
+        return self.jumped and pl.own is None and pool.hi is None and \
+            now - self.slow_start_429 < WARY
 
     def estimate(self, pl: PairLearning) -> RateEstimate:
         """The limit a pair paces by: its own, or the pool's."""
@@ -621,6 +664,8 @@ class OriginLearner(SharedRateLearner):
         before, was_proven = est.lo, est.proven
         est.confirmed(confirmed, now)
         if not own:
+            if self.jump is not None:
+                self.jump, self.jumped = None, True
             if self.leap is not None:  # the start rate is settled, one way or the other
                 self.leap = None
                 if leaping:  # slow start goes on from the leap, a step ahead of the scout
@@ -669,10 +714,13 @@ class OriginLearner(SharedRateLearner):
         """
         self._answered(now, admitted_at, False)
         pl.last_429 = now
+        if self.pool.hi is None and pl.own is None:
+            self.slow_start_429 = now
         pl.confirmations, pl.confirmed_rate = 0, math.inf
         # any 429 ends the leap (what it would try is no longer the next step); a test
         # it has under way is the second opinion a scout's first 429 needs
         leap, self.leap = self.leap, None
+        self.jump = None
         leaping = leap == exit_id
         check = leap if self.leap_sent and not leaping else None
         self.site_confirmations, self.site_gaps = 0, 0.0  # no site probe is clean now
@@ -921,7 +969,7 @@ class OriginLearner(SharedRateLearner):
     # -- sharing -------------------------------------------------------------------
     def mark(self) -> tuple:
         return (self.pool.lo, self.pool.changed_at, self.pool.proven, self.scout, self.leap,
-                self.leap_far, self.rate_mark())
+                self.leap_far, self.jump, self.jumped, self.slow_start_429, self.rate_mark())
 
     def export(self) -> dict[str, Any]:
         return {
@@ -932,6 +980,10 @@ class OriginLearner(SharedRateLearner):
             "leap": self.leap,
             "leap_sent": self.leap_sent,
             "leap_far": self.leap_far,
+            "jump": self.jump,
+            "jumped": self.jumped,
+            "slow_start_429": self.slow_start_429 if math.isfinite(self.slow_start_429)
+            else None,
             "suspect": self.suspect,
             "suspect_rate": self.suspect_rate if math.isfinite(self.suspect_rate) else None,
             "ceiling_by": sorted(self.ceiling_by),
@@ -947,6 +999,10 @@ class OriginLearner(SharedRateLearner):
         self.leap = data.get("leap")
         self.leap_sent = bool(data.get("leap_sent", False))
         self.leap_far = bool(data.get("leap_far", True))
+        self.jump = data.get("jump")
+        self.jumped = bool(data.get("jumped", False))
+        wary = data.get("slow_start_429")
+        self.slow_start_429 = -math.inf if wary is None else wary
         self.suspect = data.get("suspect")
         rate = data.get("suspect_rate")
         self.suspect_rate = math.inf if rate is None else rate

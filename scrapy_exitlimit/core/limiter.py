@@ -521,9 +521,10 @@ class _OriginRules:
         pair = self._pairs.get(self._ips.get(exit_id, exit_id))
         return pair if pair is not None else self._limiter.state.pair(self._origin, exit_id)
 
-    def awaits_answer(self, exit_id: str, pair: PairState) -> bool:
+    def awaits_answer(self, exit_id: str, pair: PairState, now: float) -> bool:
         return pair.single_file or self._learner.holds(exit_id, pair.learning,
-                                                       pair.last_admit > -math.inf)
+                                                       pair.last_admit > -math.inf) or (
+            pair.in_flight > 0 and self._learner.wary(pair.learning, now))
 
     def pace(self, exit_id: str, pair: PairState) -> float:
         """Pace the pair at the learner's rate, times this process's share; near a
