@@ -406,6 +406,21 @@ def far_leap_clean(latency=0.001):
     return lim, clock, ol, leap
 
 
+def admit_on(lim, clock, exit_id, others_at=None):
+    """Admit until a lease on ``exit_id`` and return it; the others admitted meanwhile
+    are answered at once (``others_at``: the rate each must have been paced at)."""
+    while True:
+        got = lim.try_admit(SITE)
+        if not isinstance(got, Lease):
+            clock.now = got
+        elif got.exit_id == exit_id:
+            return got
+        else:
+            if others_at is not None:
+                assert got.rate == pytest.approx(others_at)
+            answer(lim, clock, got)
+
+
 @pytest.mark.parametrize("latency, jump", [
     (0.001, JUMP),  # a fast path: JUMP times what the far leap proved
     (0.01, 1 / (0.01 * FAR_LEAP_LATENCY) / 8.0),  # a test a quarter interval long: 25 r/s
@@ -413,7 +428,7 @@ def far_leap_clean(latency=0.001):
 ])
 def test_after_a_clean_far_leap_the_next_step_jumps_as_far_as_the_path_tells(latency, jump):
     """No limit: slow start from 8 r/s took four more steps (16, 32, 64, 128) to reach
-    the ~55 r/s per exit a crawl took (0.16 s in the lab); the scout's next step tries up
+    the ~75 r/s per exit a crawl took (0.16 s in the lab); the scout's next step tries up
     to JUMP times the far leap's rate at once, as fast as its path lets a test at that
     rate tell (a quarter of the interval, as for the far leap), then doubles again."""
     lim, clock, ol, scout = far_leap_clean(latency)
@@ -422,16 +437,7 @@ def test_after_a_clean_far_leap_the_next_step_jumps_as_far_as_the_path_tells(lat
     assert ol.probe_rate() == pytest.approx(expected, rel=1e-6)
     assert lim.pair_rate(lim.origin_state(SITE), scout, lim.pair_state(SITE, scout)) == \
         pytest.approx(expected, rel=1e-6)
-    probe = None
-    while probe is None:  # the others follow at the proven rate; the scout jumps
-        got = lim.try_admit(SITE)
-        if not isinstance(got, Lease):
-            clock.now = got
-        elif got.exit_id == scout:
-            probe = got
-        else:
-            assert got.rate == pytest.approx(proven)
-            answer(lim, clock, got)
+    probe = admit_on(lim, clock, scout, others_at=proven)  # the others follow; it jumps
     assert probe.rate == pytest.approx(expected, rel=1e-6)
     answer(lim, clock, probe, latency=latency)
     # (what it proves: its pace less the wait for its path, as any step's)
@@ -439,21 +445,13 @@ def test_after_a_clean_far_leap_the_next_step_jumps_as_far_as_the_path_tells(lat
     assert ol.probe_rate() == pytest.approx(2 * ol.pool.lo)  # slow start goes on
 
 
-def test_the_jumps_429_is_a_lone_one_checked_from_below():
+def test_the_jumps_429_is_a_lone_one_and_the_steps_go_on_under_it():
     """Refused (a per-IP limit between 8 and 64 r/s): the jump's 429 is a scout's lone
     429 like any other, and slow start goes on in steps under it: the next exit tries
     twice the proven rate."""
     lim, clock, ol, scout = far_leap_clean()
     proven = ol.pool.lo
-    probe = None
-    while probe is None:
-        got = lim.try_admit(SITE)
-        if not isinstance(got, Lease):
-            clock.now = got
-        elif got.exit_id == scout:
-            probe = got
-        else:
-            answer(lim, clock, got)
+    probe = admit_on(lim, clock, scout)
     answer(lim, clock, probe, status=429)
     assert ol.suspect == scout and ol.jump is None and ol.pool.hi is None
     assert ol.scout not in (None, scout)
@@ -469,16 +467,7 @@ def test_after_a_429_in_slow_start_the_pools_exits_send_one_at_a_time_for_a_whil
     does not, nor does any where slow start did not jump."""
     lim, clock, ol, scout = far_leap_clean()
     assert not ol.jumped
-    probe = None
-    while probe is None:  # the scout's jump runs clean
-        got = lim.try_admit(SITE)
-        if not isinstance(got, Lease):
-            clock.now = got
-        elif got.exit_id == scout:
-            probe = got
-        else:
-            answer(lim, clock, got)
-    answer(lim, clock, probe)
+    answer(lim, clock, admit_on(lim, clock, scout))  # the scout's jump runs clean
     assert ol.jumped and ol.pool.hi is None
     clock.now = 1.0
     sent: dict[str, list[Lease]] = {}
@@ -512,13 +501,7 @@ def test_after_a_429_in_slow_start_the_pools_exits_send_one_at_a_time_for_a_whil
     assert granted and other not in granted and pair.in_flight == in_flight
     for lease in sent[other]:  # its answers come: it sends again
         answer(lim, clock, lease)
-    got = lim.try_admit(SITE)
-    while not (isinstance(got, Lease) and got.exit_id == other):
-        if isinstance(got, Lease):
-            answer(lim, clock, got)
-        else:
-            clock.now = got
-        got = lim.try_admit(SITE)
+    admit_on(lim, clock, other)
     assert clock.now < ol.slow_start_429 + WARY
     assert not ol.wary(pair.learning, ol.slow_start_429 + WARY)  # then as before
     pair.learning.own = RateEstimate(1.0)
