@@ -89,17 +89,17 @@ class FeedbackLaws:
                     EventKind(f"concurrency_{moved}"), lease.origin, lease.exit_id,
                     f"limit {concurrency.limit} (latency {latency:.3f}s, "
                     f"baseline {concurrency.baseline:.3f}s)"))
-        learner = origin_state.learner
-        far_leap = learner.leap == lease.exit_id and learner.leap_far
-        learned = learner.succeeded(
+        origin_learner = origin_state.learner
+        far_leap = origin_learner.leap == lease.exit_id and origin_learner.leap_far
+        learned = origin_learner.succeeded(
             lease.origin, lease.exit_id, pair.learning, rate=lease.rate, gap=lease.gap,
             margin=pair.bucket.margin, anchored=pair.anchored, spread=pair.spread,
             admitted_at=lease.admitted_at, site_gap=lease.site_gap, now=now,
             site_margin=origin_state.budget.pacing_margin,
             configured=self.state.configured_rate(lease.origin, lease.exit_id) is not None)
         self._learned(out, lease.origin, learned)
-        if far_leap and learner.leap is None and latency is not None:  # it ran clean
-            learner.jump_after_leap(latency)
+        if far_leap and origin_learner.leap is None and latency is not None:  # it ran clean
+            origin_learner.jump_after_leap(latency)
         self._leap(out, lease.origin, origin_state, now, latency)
         for scope, gap in zip(lease.scopes, lease.scope_gaps, strict=True):
             learner = self.scopes.state(scope).learner
