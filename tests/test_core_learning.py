@@ -150,6 +150,33 @@ def test_a_settled_pool_still_probes_well_under_its_last_429():
     assert not close.converged and close.target() == 1.0
 
 
+def test_a_pool_told_not_to_refine_holds_under_its_last_429_until_the_ceiling_passes_it():
+    # a broad crawl's origin: refining under the last 429 costs a 429 for a few per cent
+    # of few pages (30 origins at 1 r/s per IP: five 429s each, the fifth a refining
+    # probe at 1.037 over a limit of exactly 1); probing above the 429 goes on
+    pool = RateEstimate(4.89, hi=5.15, seen=5.15, settled=True, reprobe_above=True,
+                        refine=False)
+    pool.drift(1.0)
+    assert pool.target() == 4.89
+    pool.drift(CONVERGED * RESOLUTION / CEILING_DRIFT)
+    assert pool.target() == pytest.approx(pool.hi) and pool.hi > 5.15 * 1.06
+
+
+def test_only_an_origin_with_half_the_crawl_or_more_refines():
+    """Each second, an origin's pool refines under its last 429 only while the origin
+    had half or more of the last second's admissions over every origin."""
+    lim, clock = learner(4)
+    other = "http://other.test"
+    for _ in range(3):  # this second: three admissions for SITE's, one for the other
+        assert isinstance(lim.try_admit(SITE), Lease)
+    assert isinstance(lim.try_admit(other), Lease)
+    clock.now = 1.0  # a tick for each, on its next try (that second still counted)
+    lim.try_admit(other)
+    lim.try_admit(SITE)
+    assert lim.origin_state(SITE).learner.pool.refine
+    assert not lim.origin_state(other).learner.pool.refine
+
+
 def test_a_pool_429_under_its_last_one_does_not_slow_re_probing():
     # the end of a bisection (a 429 at 2.07 under one at 2.12) is the limit found, not
     # a re-probe that found it where it was: the next re-probe comes as soon as ever,

@@ -172,16 +172,17 @@ class SharedRateLearner:
         """Requests/s admitted for the origin over the ``window`` seconds up to ``now``
         (over less when its first admission is more recent, but at least ``least`` s).
         Admissions after ``now`` (a time in the past) are not counted."""
-        return self._per_second(self._admitted_count(now, window), now, window, least)
+        return self._per_second(self.admitted_count(now, window), now, window, least)
 
-    def _admitted_count(self, now: float, window: float) -> int:
+    def admitted_count(self, now: float, window: float) -> int:
+        """Admissions for the key over the ``window`` seconds up to ``now`` (at most 2)."""
         return sum(1 for at, _ in self.admissions if 0 <= now - at <= window)
 
     def offered_pace(self, now: float) -> float:
         """``admitted_rate`` over the last second less each exit's first request while
         the crawl is young (the admissions kept still reach back to its start):
         discovery sends those together, one per exit, a burst and not a pace."""
-        count = self._admitted_count(now, 1.0)
+        count = self.admitted_count(now, 1.0)
         if now - self.first_admission <= 2.0:
             firsts: dict[str, float] = {}
             for at, exit_id in self.admissions:

@@ -67,6 +67,9 @@ class RateEstimate:
     #: that draws 429s at once was wrong, and goes back
     raised_from: float | None = None
     raised_at: float = -math.inf
+    #: probe under the last 429 once settled, where the ceiling's drift has reopened a
+    #: gap there (False: hold at ``lo`` until it drifts past the 429; the owner decides)
+    refine: bool = True
     #: (lo, seen, the data) as recalled from an earlier run: what this run did not
     #: learn anew is remembered as it was
     recalled: tuple[float, float | None, dict[str, Any]] | None = field(
@@ -94,6 +97,8 @@ class RateEstimate:
             # the simulator's loosened limit found 2 s sooner, its broad crawl the same)
             if self.hi >= self.seen * (1 + CONVERGED * RESOLUTION):
                 return min(self.hi, self.ceiling)
+            if not self.refine:
+                return self.lo
             probe = self._next_probe()
             return probe if probe < self.seen * (1 - RESOLUTION / 2) else self.lo
         return self._next_probe()

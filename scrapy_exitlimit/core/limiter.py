@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -132,6 +133,8 @@ class Limiter:
         self.feedback = FeedbackLaws(self.state, self.pool, self.tuning, clock, self.rng,
                                      self.scopes)
         self._heap = HeapSelector()
+        #: admission times over every origin, the last second's
+        self._admitted: deque[float] = deque()
         #: this process's share of every pair's rate: below 1 when processes that
         #: normally share state through a backend must each pace on their own
         self.share = 1.0
@@ -183,6 +186,14 @@ class Limiter:
         learner = origin_state.learner
         # a generator: the pairs are walked only on the ticks that drift their ceilings
         learner.tick(now, (p.learning for p in origin_state.pairs.values()))
+        if learner.last_tick == now:  # (once a second)
+            # refining under a converged ceiling is worth its 429 where the crawl is
+            # mostly this origin (half or more of the last second's admissions); in a
+            # broad crawl each origin's pages are few, and the probe is one more 429
+            admitted = self._admitted
+            while admitted and now - admitted[0] > 1.0:
+                admitted.popleft()
+            learner.pool.refine = 2 * learner.admitted_count(now, 1.0) >= len(admitted)
         scout = learner.scout
         if scout is not None and (scout not in self.pool.states or not self.pool.allows(scout)
                                   or not views.usable(self.state, self.pool,
@@ -342,6 +353,9 @@ class Limiter:
         if site_gap is None:
             site_gap = now - origin_state.last_admit
         origin_state.last_admit = max(origin_state.last_admit, now)
+        self._admitted.append(now)
+        while now - self._admitted[0] > 1.0:
+            self._admitted.popleft()
         for arrivals, bucket in self._shared_floors(origin_state, scopes):
             arrivals.taken(now, bucket)
         exit_state.in_flight += 1
