@@ -626,21 +626,28 @@ def test_a_leap_is_never_an_exit_whose_proxy_failed_since_it_served():
         assert lim.origin_state(SITE).learner.leap == sound.exit_id, seed
 
 
-def test_the_leap_is_shared_like_the_scout():
-    """Other processes (Redis backend) adopt the leap with the rest of the learning: one
-    leap per origin across processes, and a test of theirs answered here counts."""
+def shared_copy(lim):
+    """Another process's limiter (4 exits) that took in what ``lim`` learned of SITE, as
+    the Redis backend passes it on (JSON and back)."""
     import json
 
     from scrapy_exitlimit.core.sharing import export_learning, import_learning
 
-    lim, clock, ol, leap = discovery_with_a_leap()
-    assert not ol.leap_far  # (the near leap: the far one's refusal is shared too)
     data = json.loads(json.dumps(export_learning(lim.origin_state(SITE), lambda _: None)))
     other, _ = learner(4, start_leap=2.0)
     ostate = other.origin_state(SITE)
     import_learning(ostate, data, known_exit=lambda _: True,
                     pair_of=lambda key: other.state.pair(ostate, key),
                     configured=lambda _: None)
+    return other
+
+
+def test_the_leap_is_shared_like_the_scout():
+    """Other processes (Redis backend) adopt the leap with the rest of the learning: one
+    leap per origin across processes, and a test of theirs answered here counts."""
+    lim, clock, ol, leap = discovery_with_a_leap()
+    assert not ol.leap_far  # (the near leap: the far one's refusal is shared too)
+    ostate = shared_copy(lim).origin_state(SITE)
     assert ostate.learner.leap == leap and ostate.learner.scout == ol.scout
     assert not ostate.learner.leap_far
 
@@ -648,19 +655,10 @@ def test_the_leap_is_shared_like_the_scout():
 def test_the_jump_and_the_wariness_are_shared_too():
     """Another process paces its exits as this one does: the scout's jump, and one
     request at a time after a 429 in slow start."""
-    import json
-
-    from scrapy_exitlimit.core.sharing import export_learning, import_learning
-
     lim, clock, ol, scout = far_leap_clean()
     ol.slow_start_429, ol.jumped = clock.now, True
-    data = json.loads(json.dumps(export_learning(lim.origin_state(SITE), lambda _: None)))
-    other, _ = learner(4, start_leap=2.0)
-    ostate = other.origin_state(SITE)
-    import_learning(ostate, data, known_exit=lambda _: True,
-                    pair_of=lambda key: other.state.pair(ostate, key),
-                    configured=lambda _: None)
-    theirs = ostate.learner
+    other = shared_copy(lim)
+    theirs = other.origin_state(SITE).learner
     assert theirs.jump == ol.jump and theirs.probe_rate() == pytest.approx(ol.probe_rate())
     assert theirs.probe_rate() > 2 * theirs.pool.lo
     pl = other.pair_state(SITE, scout).learning

@@ -185,15 +185,8 @@ class Limiter:
     def _tick(self, origin_state: OriginState, now: float) -> None:
         learner = origin_state.learner
         # a generator: the pairs are walked only on the ticks that drift their ceilings
-        learner.tick(now, (p.learning for p in origin_state.pairs.values()))
-        if learner.last_tick == now:  # (once a second)
-            # refining under a converged ceiling is worth its 429 where the crawl is
-            # mostly this origin (half or more of the last second's admissions); in a
-            # broad crawl each origin's pages are few, and the probe is one more 429
-            admitted = self._admitted
-            while admitted and now - admitted[0] > 1.0:
-                admitted.popleft()
-            learner.pool.refine = 2 * learner.admitted_count(now, 1.0) >= len(admitted)
+        learner.tick(now, (p.learning for p in origin_state.pairs.values()),
+                     self._admitted_lately)
         scout = learner.scout
         if scout is not None and (scout not in self.pool.states or not self.pool.allows(scout)
                                   or not views.usable(self.state, self.pool,
@@ -201,6 +194,13 @@ class Limiter:
             # a scout that cannot send (evicted, its pair banned or broken) hands its probe
             # on: in discovery every other exit waits for it
             learner.scout = None
+
+    def _admitted_lately(self, now: float) -> int:
+        """Admissions over every origin in the last second up to ``now``."""
+        admitted = self._admitted
+        while admitted and now - admitted[0] > 1.0:
+            admitted.popleft()
+        return len(admitted)
 
     # -- admission ---------------------------------------------------------
     def restrict(self, exit_ids: Iterable[str] | None) -> None:
@@ -354,8 +354,7 @@ class Limiter:
             site_gap = now - origin_state.last_admit
         origin_state.last_admit = max(origin_state.last_admit, now)
         self._admitted.append(now)
-        while now - self._admitted[0] > 1.0:
-            self._admitted.popleft()
+        self._admitted_lately(now)  # (kept to the last second)
         for arrivals, bucket in self._shared_floors(origin_state, scopes):
             arrivals.taken(now, bucket)
         exit_state.in_flight += 1
