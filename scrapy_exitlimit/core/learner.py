@@ -99,6 +99,10 @@ FAR_LEAP_LATENCY = 4.0
 #: after a clean far leap, slow start's next step tries up to this many times the rate it
 #: proved, where the path is fast enough to test it (``OriginLearner.jump``)
 JUMP = 8.0
+#: a jump is done once a step runs at this share of it or more; a step the event loop
+#: sent later (a full garbage collection held the lab's crawl 30 ms just then in most
+#: runs) proves only the slower pace, and the jump stays the next step's floor
+JUMP_RAN = 0.9
 #: seconds after a 429 in slow start that the pool's exits send one request at a time
 WARY = 1.0
 
@@ -440,8 +444,8 @@ class OriginLearner(SharedRateLearner):
     leap_far: bool = True
     #: the far leap ran clean on a fast path: the scout's next step tries this rate, not
     #: twice the proven one (no limit: the lab's full pace, ~75 r/s per exit, 0.08 s
-    #: sooner). Refused, it is a scout's lone 429 like any other, and slow start steps on
-    #: under it
+    #: sooner), until a step runs at it (JUMP_RAN). Refused, it is a scout's lone 429 like
+    #: any other, and slow start steps on under it
     jump: float | None = None
     #: a jump ran clean: slow start climbs fast enough to meet a wall (a bucket's burst,
     #: a window's count) with several requests in flight on every exit (``wary``)
@@ -671,7 +675,7 @@ class OriginLearner(SharedRateLearner):
         before, was_proven = est.lo, est.proven
         est.confirmed(confirmed, now)
         if not own:
-            if self.jump is not None:
+            if self.jump is not None and confirmed >= self.jump * JUMP_RAN:
                 self.jump, self.jumped = None, True
             if self.leap is not None:  # the start rate is settled, one way or the other
                 self.leap = None
