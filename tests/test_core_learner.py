@@ -179,6 +179,53 @@ def test_a_slow_exit_learns_its_own_rate_and_does_not_drag_the_pool():
     assert all(p.own_limit is None for p in others)
 
 
+def pool_recalled_at(clean: float, exits: int = 6) -> tuple[Limiter, FakeClock]:
+    """A limiter whose pool starts proven at ``clean`` r/s (a warm start), no site."""
+    clock = FakeClock(0.0)
+    lim = limiter(exits, clock)
+    recall(lim, {SITE: {"at": 0.0, "pool": {"clean": clean, "ceiling": None, "seen": None,
+                                            "settled": False, "drift": 0.0075}}},
+           wall_now=0.0, max_age=math.inf)
+    assert lim.origin_state(SITE).learner.pool.proven
+    return lim, clock
+
+
+def answer_on(lim: Limiter, clock: FakeClock, exit_id: str, status: int) -> None:
+    """One request on ``exit_id`` as soon as it may go, answered 5 ms later."""
+    got = lim.try_admit(SITE, pinned=exit_id)
+    if not isinstance(got, Lease):
+        clock.now = got
+        got = lim.try_admit(SITE, pinned=exit_id)
+    assert isinstance(got, Lease) and got.exit_id == exit_id
+    clock.advance(0.005)
+    if status == 429:
+        lim.rate_limited(SITE, exit_id, 1.0, got)
+    else:
+        lim.success(got, 0.005)
+    lim.release(got.id)
+
+
+def test_429s_judged_only_by_the_pools_pace_need_three_exits_to_blame_the_site():
+    """Two exits with one clean answer each and no spacing of their own (past the
+    cooldowns of 429s on their very first requests: the origin remembered them from a
+    crawl just before) draw 429s later after it than the pool's proven pace. As likely
+    their own slower limits (a mixed pool's two slow exits) as the site's, those count
+    as ambiguous: two such exits do not make a site limit, a third does. (The lab's
+    mixed pool: the site started at the 15 r/s the origin took during discovery, and the
+    crawl ran at 0.70 of its capacity.)"""
+    lim, clock = pool_recalled_at(4.0)
+    learner = lim.origin_state(SITE).learner
+    first, second, third = list(lim.exits)[:3]
+    for exit_id in (first, second, third):
+        answer_on(lim, clock, exit_id, 200)
+    clock.advance(0.4)  # 0.4 s after its clean answer: later than the pool's 0.25
+    answer_on(lim, clock, first, 429)
+    answer_on(lim, clock, second, 429)
+    assert learner.site is None
+    answer_on(lim, clock, third, 429)
+    assert learner.site is not None
+
+
 def test_the_pool_rate_and_the_site_rate_are_learned_together():
     clock = FakeClock(0.0)
     lim = limiter(6, clock)

@@ -19,9 +19,11 @@ with a :class:`RateEstimate`:
    the pool: it learns its own rate (``PairLearning.own``) and drags no one.
 4. **The site.** A 429 at a pace the pair has run clean before (or on its
    first request) is not the pair's limit. When such 429s come from two or more
-   exits within ``SITE_WINDOW``, the origin is limited as a whole: the ``site``
-   estimate starts at the rate the origin actually accepted, the origin's
-   budget paces requests across exits by it, and the pairs keep their rates.
+   exits within ``SITE_WINDOW`` (three, where they are only later than the pool's
+   pace: a pair with no spacing of its own yet may be a slow exit), the origin is
+   limited as a whole: the ``site`` estimate starts at the rate the origin
+   actually accepted, the origin's budget paces requests across exits by it, and
+   the pairs keep their rates.
 5. **Limits move.** Ceilings drift up while clean (RateEstimate); both scopes
    re-probe, so a raised limit is found and a tightened one is met by 429s.
 
@@ -744,7 +746,10 @@ class OriginLearner(SharedRateLearner):
         # the fastest pace the server took from the pair lately (None: it took nothing
         # lately, after a pause or a cooldown: no bound, rather than the floor)
         taken = 1.0 / fastest if recent else None
-        if not recent and pl.own is None and self.pool.proven:
+        # judged by the pool's pace, a 429 later than it is as likely this pair's own
+        # slower limit (a mixed pool's slow exits) as the site's: ambiguous evidence
+        by_pool = not recent and pl.own is None and self.pool.proven
+        if by_pool:
             reference = 1.0 / self.pool.lo
         closer = clean_gap < reference * CLEARLY_CLOSER - slack
         # (a shared pair: this process sees a share of its requests, and its own gaps run
@@ -795,7 +800,8 @@ class OriginLearner(SharedRateLearner):
                 return [ev for key, scope in scopes
                         for ev in scope.scope_evidence(key, exit_id, admitted_at, now, wider)]
             if not self._pool_jitter(pl, wider, now):
-                return self._site_evidence(origin, exit_id, admitted_at, now, wider)
+                return self._site_evidence(origin, exit_id, admitted_at, now,
+                                           wider and not (by_pool and math.isfinite(clean_gap)))
             if pl.own is None:  # jitter meets every exit alike: the pool's, or no one's
                 return self._pool_429(origin, exit_id, pl, rate, admitted_at, now) or []
             # (a given rate met by jitter: the pair settles under it, as below)
