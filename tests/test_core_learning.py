@@ -651,6 +651,32 @@ def test_a_leap_is_never_an_exit_whose_proxy_failed_since_it_served():
         assert lim.origin_state(SITE).learner.leap == sound.exit_id, seed
 
 
+def test_a_leap_is_an_exit_the_origin_has_answered_where_there_is_one():
+    """The lab's dead proxy, its first request's refusal still to come, had been picked
+    as the near leap on the far leap's 429: its test never came, the slow scout's 429 at
+    the start rate agreed with the far leap's, and the pool's ceiling was 2 r/s for 9 s
+    (the mixed pool at 0.70 of its capacity). An exit whose first request is unanswered
+    is not picked while one that has had the origin's answer is there."""
+    picked = set()
+    for seed in range(16):
+        clock = FakeClock(0.0)
+        exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(4)]
+        lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
+                      tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+        leases = [lim.try_admit(SITE) for _ in range(4)]
+        pending = leases[3].exit_id  # its proxy has not answered yet
+        for lease in leases[:3]:
+            answer(lim, clock, lease)
+        ol = lim.origin_state(SITE).learner
+        far = ol.leap
+        if far in (None, pending) or not ol.leap_far:
+            continue
+        answer(lim, clock, admit_on(lim, clock, far), status=429)  # the far leap refused
+        assert ol.leap not in (None, pending), seed
+        picked.add(seed)
+    assert len(picked) >= 4
+
+
 def shared_copy(lim):
     """Another process's limiter (4 exits) that took in what ``lim`` learned of SITE, as
     the Redis backend passes it on (JSON and back)."""

@@ -207,10 +207,10 @@ class FeedbackLaws:
 
     def _pick_leap(self, origin_state: OriginState, now: float) -> str | None:
         """An exit to try the leap's rate beside the scout, at random among those
-        that sent their first request (its next is the test): the exits that went or
-        answered first are no likelier to be the pool's (a mixed pool that lists its
-        slow exits first had its first two both slow). One that never answers costs
-        nothing: the scout proves the start rate as without a leap."""
+        that sent their first request (its next is the test) and, where any has, had
+        the origin's answer: the exits that went or answered first are no likelier to
+        be the pool's (a mixed pool that lists its slow exits first had its first two
+        both slow), and one that never answers leaves the start rate to the scout."""
         pairs, pair_key = origin_state.pairs, self.state.aliases.pair_key
         choices = [e for e in self._may_probe(origin_state, now, [origin_state.learner.scout])
                    if pairs[pair_key(e)].last_admit > -math.inf]
@@ -221,6 +221,12 @@ class FeedbackLaws:
         # the scout's next 429, a slow exit's, set the pool's ceiling with the far's)
         sound = [e for e in choices if not self.pool.states[e].health.faults]
         choices = sound or choices
+        # ... nor one whose first request the origin has not answered yet (the lab's dead
+        # proxy, its first refusal still to come, took the near leap: the slow scout's
+        # 429 at the start rate then agreed with the far leap's, and the pool's ceiling
+        # was 2 r/s for 9 s, 0.70 of the mixed pool's capacity)
+        answered = [e for e in choices if pairs[pair_key(e)].proven]
+        choices = answered or choices
         chosen = self.rng.choice(choices)
         learning = pairs[pair_key(chosen)].learning
         learning.confirmations, learning.confirmed_rate = 0, math.inf
