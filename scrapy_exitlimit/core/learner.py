@@ -746,11 +746,14 @@ class OriginLearner(SharedRateLearner):
         # the fastest pace the server took from the pair lately (None: it took nothing
         # lately, after a pause or a cooldown: no bound, rather than the floor)
         taken = 1.0 / fastest if recent else None
-        # judged by the pool's pace, a 429 later than it is as likely this pair's own
-        # slower limit (a mixed pool's slow exits) as the site's: ambiguous evidence
         by_pool = not recent and pl.own is None and self.pool.proven
         if by_pool:
             reference = 1.0 / self.pool.lo
+        # judged by the pool's pace alone (a clean answer, but no spacing of its own), a
+        # 429 later than it is as likely this pair's own slower limit (a mixed pool's slow
+        # exits) as the site's: ambiguous evidence. (On a pair's very first request it is
+        # surely not the pair's.)
+        by_pool_only = by_pool and math.isfinite(clean_gap)
         closer = clean_gap < reference * CLEARLY_CLOSER - slack
         # (a shared pair: this process sees a share of its requests, and its own gaps run
         # wide; later than a clean one only if also after another process's admission,
@@ -801,7 +804,7 @@ class OriginLearner(SharedRateLearner):
                         for ev in scope.scope_evidence(key, exit_id, admitted_at, now, wider)]
             if not self._pool_jitter(pl, wider, now):
                 return self._site_evidence(origin, exit_id, admitted_at, now,
-                                           wider and not (by_pool and math.isfinite(clean_gap)))
+                                           wider and not by_pool_only)
             if pl.own is None:  # jitter meets every exit alike: the pool's, or no one's
                 return self._pool_429(origin, exit_id, pl, rate, admitted_at, now) or []
             # (a given rate met by jitter: the pair settles under it, as below)
