@@ -201,14 +201,15 @@ def test_a_confirmed_rate_above_the_last_429_resumes_slow_start():
     assert est.hi is None and est.target() == 10.2
 
 
-def learner(n=3, clock=None, **tuning):
+def learner(n=3, clock=None, seed=3, **tuning):
     """A limiter on ``n`` exits, learned mode from 2 r/s; no leap unless asked
-    (``start_leap=2.0``): most tests here follow the scout's discovery alone."""
+    (``start_leap=2.0``): most tests here follow the scout's discovery alone. ``seed``:
+    its random choices (the leap, the cooldowns' jitter)."""
     clock = clock or FakeClock(0.0)
     exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(n)]
     lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
                   tuning=Tuning(**{"start_rate": 2.0, "start_leap": 1.0, **tuning}),
-                  rng=random.Random(3))
+                  rng=random.Random(seed))
     return lim, clock
 
 
@@ -380,10 +381,7 @@ def test_the_leap_is_picked_at_random_not_the_exit_that_went_second():
     any exit that may probe, at random."""
     leaps = set()
     for seed in range(12):
-        clock = FakeClock(0.0)
-        exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(5)]
-        lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
-                      tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+        lim, clock = learner(5, seed=seed, start_leap=2.0)
         for lease in [lim.try_admit(SITE) for _ in range(5)]:
             answer(lim, clock, lease)
         ol = lim.origin_state(SITE).learner
@@ -639,10 +637,7 @@ def test_a_leap_is_never_an_exit_whose_proxy_failed_since_it_served():
     its test never came, and the scout's 429 (a slow exit's) set the pool's ceiling with
     the far leap's 429."""
     for seed in range(8):
-        clock = FakeClock(0.0)
-        exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(3)]
-        lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
-                      tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+        lim, clock = learner(3, seed=seed, start_leap=2.0)
         scout, sound, dead = (lim.try_admit(SITE) for _ in range(3))
         lim.proxy_fault(dead, dead.exit_id, SITE)
         lim.release(dead.id, answered=False)
@@ -659,10 +654,7 @@ def test_a_leap_is_an_exit_the_origin_has_answered_where_there_is_one():
     is not picked while one that has had the origin's answer is there."""
     picked = set()
     for seed in range(16):
-        clock = FakeClock(0.0)
-        exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(4)]
-        lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
-                      tuning=Tuning(start_rate=2.0), rng=random.Random(seed))
+        lim, clock = learner(4, seed=seed, start_leap=2.0)
         leases = [lim.try_admit(SITE) for _ in range(4)]
         pending = leases[3].exit_id  # its proxy has not answered yet
         for lease in leases[:3]:
@@ -902,10 +894,7 @@ def test_a_checker_is_an_exit_the_origin_has_answered(seed):
     """The scout's 429 at the start rate is checked by another exit: never by one whose
     only request got no answer (a dead proxy not yet evicted would hold every exit's
     discovery until its faults evict it: a second in the lab)."""
-    clock = FakeClock(0.0)
-    exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(4)]
-    lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
-                  tuning=Tuning(start_rate=2.0, start_leap=1.0), rng=random.Random(seed))
+    lim, clock = learner(4, seed=seed)
     leases = [lim.try_admit(SITE) for _ in range(4)]
     ostate = lim.origin_state(SITE)
     scout, dead = leases[0].exit_id, leases[1].exit_id
@@ -939,10 +928,7 @@ def test_a_start_rate_found_too_high_is_proven_by_the_exit_that_went_longest_ago
     scout's 429 and a check that agrees, the next scout is the exit that can send at the
     halved rate soonest, not any (nginx, broad: one picked among the last to go held its
     origin a second longer, and the crawl ended a second later)."""
-    clock = FakeClock(0.0)
-    exits = [make_exit(f"http://127.0.0.1:{9000 + i}") for i in range(5)]
-    lim = Limiter(exits, Limits(rate=None, concurrency=8), clock=clock,
-                  tuning=Tuning(start_rate=2.0, start_leap=1.0), rng=random.Random(seed))
+    lim, clock = learner(5, seed=seed)
     went = {}
     for _ in range(5):  # first requests 0.1 s apart, as a crawl's start spreads them
         lease = lim.try_admit(SITE)
