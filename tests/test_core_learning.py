@@ -15,7 +15,7 @@ from scrapy_exitlimit.core import (
     Tuning,
     make_exit,
 )
-from scrapy_exitlimit.core.health import START_LIMIT, CpuLoad
+from scrapy_exitlimit.core.health import BUSY_LIMIT, CpuLoad
 from scrapy_exitlimit.core.learner import (
     CONFIRMATIONS_NEAR_CEILING,
     FAR_LEAP_LATENCY,
@@ -1109,19 +1109,20 @@ def test_concurrency_grows_only_when_used_and_halves_on_faults():
     assert c.limit == 8  # ceiling
 
 
-def test_a_cpu_bound_process_gives_in_flight_back_to_the_start_and_grows_once_it_has_room():
+def test_a_cpu_bound_process_gives_in_flight_back_to_one_and_grows_once_it_has_room():
     c = ConcurrencyLimit(ceiling=8, limit=5)
     assert c.success(0.01, was_full=True, busy=True) is None  # one round of answers first
     results = [c.success(0.01, was_full=True, busy=True) for _ in range(4)]
     assert results[-1] == "decrease" and c.limit == 4
     for _ in range(50):
         c.success(0.01, was_full=True, busy=True)
-    assert c.limit == START_LIMIT  # never below the limit an exit starts at
+    assert c.limit == BUSY_LIMIT == 1  # one request on its way, never none
+    c.limit = 3
     for _ in range(50):
         c.success(0.01, was_full=False, busy=True)
-    assert c.limit == START_LIMIT  # an exit not used to the full has nothing to give back
-    assert [c.success(0.01, was_full=True) for _ in range(2)][-1] == "increase"
-    assert c.limit == START_LIMIT + 1
+    assert c.limit == 3  # an exit not used to the full has nothing to give back
+    assert [c.success(0.01, was_full=True) for _ in range(3)][-1] == "increase"
+    assert c.limit == 4
 
 
 def test_cpu_load_is_the_cpu_share_of_the_last_window():
@@ -1165,7 +1166,7 @@ def test_exit_limits_hold_while_the_process_is_cpu_bound():
 
     for _ in range(6):
         full_round(busy=True)
-    assert lim.exit_load(exit_id).limit == start
+    assert lim.exit_load(exit_id).limit == BUSY_LIMIT < start
     for _ in range(6):
         full_round(busy=False)
     assert lim.exit_load(exit_id).limit > start

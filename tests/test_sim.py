@@ -121,11 +121,11 @@ def test_without_a_limit_the_bare_crawl_is_the_yardstick():
 def test_the_simulated_client_reads_its_cpu_load_as_the_middleware_does():
     """The model client does one thing at a time (2 ms a request): a crawl with no limit
     keeps it saturated, and the limiter hears so on clean answers (``CpuLoad``, as the
-    middleware reads it), so each exit's in-flight limit stays where it starts; the same
+    middleware reads it), so each exit's in-flight limit shrinks to one request; the same
     crawl with the reading ignored grows them to the ceiling, every request past the
     start waiting in the client (a window's wall then met up to eight requests per exit
     on their way: 11.2 % of 429s against 9.3 %)."""
-    from scrapy_exitlimit.core.health import START_LIMIT
+    from scrapy_exitlimit.core.health import BUSY_LIMIT
     from scrapy_exitlimit.sim.crawl import _Sim
 
     def limits(heeded: bool) -> tuple[list[bool], int]:
@@ -136,7 +136,7 @@ def test_the_simulated_client_reads_its_cpu_load_as_the_middleware_does():
         return heard, max(state.limit for state in sim.limiter.exits.values())
 
     heard, heeded = limits(True)
-    assert heard[-1] and heeded == START_LIMIT
+    assert heard[-1] and heeded == BUSY_LIMIT
     heard, ignored = limits(False)
     assert heard[-1] and ignored == 8  # Crawl.per_exit, the ceiling
 

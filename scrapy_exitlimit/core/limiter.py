@@ -401,8 +401,9 @@ class Limiter:
 
     # -- feedback: each answer to the laws of the keys it concerns (``feedback.py``) --
     def cpu_bound(self, busy: bool) -> None:
-        """The process is CPU-bound (``busy``): exits' in-flight limits shrink back to where
-        they start instead of growing, as more in flight would only wait in its event loop."""
+        """The process is CPU-bound (``busy``): exits' in-flight limits shrink back to one
+        request each instead of growing, as more in flight would only wait in its event
+        loop."""
         self.pool.busy = busy
 
     def success(self, lease: Lease, latency: float | None = None) -> Feedback:
