@@ -100,6 +100,34 @@ def test_the_simulation_is_deterministic():
     assert (first.ok, first.requests, first.wall) == (second.ok, second.requests, second.wall)
 
 
+@pytest.mark.parametrize("name", ["broad", "mixed", "tighten", "jitter-small", "unlimited"])
+def test_a_rescan_narrowed_to_the_exits_released_admits_exactly_as_a_full_one(
+        name, monkeypatch):
+    """After a failed scan, until the time it gave, the limiter judges only the exits
+    released since (``Limiter._scan``): every answer at the same time with the same
+    status as with every exit judged each time, in far fewer judgements."""
+    from scrapy_exitlimit.core import selector
+    from scrapy_exitlimit.sim.crawl import _Sim
+
+    judged, judge = [0], selector.judge
+
+    def counted(*args, **kwargs):
+        judged[0] += 1
+        return judge(*args, **kwargs)
+
+    monkeypatch.setattr(selector, "judge", counted)
+    scenario = next(s for s in SCENARIOS if s.name == name)
+    runs = {}
+    for narrow in (False, True):
+        judged[0] = 0
+        sim = _Sim(scenario.build(0.3))
+        sim.limiter.narrow_rescans = narrow
+        result = sim.run()
+        runs[narrow] = (result.answers, result.requests, judged[0])
+    assert runs[True][:2] == runs[False][:2] and len(runs[True][0]) > 100
+    assert runs[True][2] < runs[False][2] * (0.5 if name == "broad" else 1.0)
+
+
 def test_a_bare_crawl_hammers_where_the_limiter_paces():
     """The model origin is strict: without the limiter the same crawl draws 429s."""
     from scrapy_exitlimit.sim import Gcra

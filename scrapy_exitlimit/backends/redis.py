@@ -172,6 +172,8 @@ class RedisBackend(Backend):
         self._offset = time.time() - time.monotonic()
         self._last_now = -math.inf
         super().__init__(config)
+        # shared changes edit pair state directly: a failed scan may not stand
+        self.limiter.narrow_rescans = False
         self.url, self.params, self.source = redis_settings(settings, config.redis_timeout)
         self.prefix = config.redis_prefix
         self.on_error = config.redis_on_error

@@ -50,6 +50,9 @@ __all__ = ["INDEX_ABOVE", "SPREAD_MARGIN", "UNTIL_RELEASE", "WARM_ANSWERS", "Can
 Clock = Callable[[], float]
 #: pools larger than this are searched through a per-origin heap, not a scan
 INDEX_ABOVE = 64
+#: releases remembered for narrowed rescans (``Limiter._scan``): a failed scan older than
+#: what is kept is done again in full
+FREED_KEPT = 1024
 
 
 @dataclass
@@ -138,6 +141,19 @@ class Limiter:
         #: this process's share of every pair's rate: below 1 when processes that
         #: normally share state through a backend must each pace on their own
         self.share = 1.0
+        #: a failed scan of an origin's exits stands until the earliest time it gave:
+        #: till then only an exit released since can make a new scan succeed, so the
+        #: next one judges only those (a broad crawl: 30 origins' queues tried after every
+        #: answer, each a scan of every exit, was a tenth of the crawl's CPU). A backend
+        #: that edits pair state from elsewhere (a shared one) turns it off
+        self.narrow_rescans = True
+        #: exits released, in order; ``_freed_base`` is the first one's sequence number
+        self._freed: list[str] = []
+        self._freed_base = 0
+        #: per origin, per pinned exit (None: any): (until, release sequence number) of
+        #: its last failed scan
+        self._failed_scans: dict[str, dict[str | None, tuple[float, int]]] = {}
+        self._order = {exit_id: i for i, exit_id in enumerate(self.pool.order)}
 
     @property
     def exits(self) -> dict[str, ExitState]:
@@ -211,6 +227,7 @@ class Limiter:
         at their full rate). A sticky request pinned elsewhere waits.
         """
         self.pool.restrict(exit_ids)
+        self._changed()
         for origin_state in self.origins.values():  # large pools: the heap starts over
             HeapSelector.reset(origin_state.search, self.pool)
 
@@ -221,7 +238,11 @@ class Limiter:
         now = self.clock() if now is None else now
         origin_state = self.origin_state(origin)
         origin_state.last_used = now
+        learner = origin_state.learner
+        ticked, scout = learner.last_tick, learner.scout
         self._tick(origin_state, now)
+        if learner.last_tick != ticked or learner.scout != scout:
+            self._failed_scans.pop(origin, None)
         rules = _OriginRules(self, origin_state)
         if pinned is None and len(self.pool) > INDEX_ABOVE:
             found = self._heap.select(origin_state.search, origin, self.pool, rules, now)
@@ -233,10 +254,48 @@ class Limiter:
             again = pair.ready_at(now) if isinstance(lease_or_time, Lease) else now
             self._heap.queue(origin_state.search, exit_id, again, now)
             return lease_or_time
-        chosen = selector.scan(self.pool.members(pinned), rules, now)
+        chosen = self._scan(origin, pinned, rules, now)
         if not isinstance(chosen, tuple):
             return chosen
+        self._failed_scans.pop(origin, None)  # a grant changes what the next scan reads
         return self._take(origin_state, *chosen, now, scopes)
+
+    def _scan(self, origin: str, pinned: str | None, rules: _OriginRules, now: float
+              ) -> tuple[ExitState, PairState] | float:
+        """``selector.scan`` over the pool, or over the exits released since the origin's
+        last failed scan while that stands (``narrow_rescans``). Whatever else could make
+        an exit ready sooner forgets it: the origin's own feedback, answers and grants,
+        its learner's tick, and anything that changes the pool."""
+        freed, base = self._freed, self._freed_base
+        scans = self._failed_scans.get(origin) if self.narrow_rescans else None
+        last = scans.get(pinned) if scans else None
+        if last is not None and now < last[0] and last[1] >= base:
+            states, order = self.pool.states, self._order
+            released = sorted({e for e in freed[last[1] - base:]
+                               if (pinned is None or e == pinned) and self.pool.allows(e)},
+                              key=order.__getitem__)
+            chosen = selector.scan([(e, states[e]) for e in released], rules, now)
+            if not isinstance(chosen, tuple):  # the rest: not before the last scan said
+                chosen = min(chosen, last[0])
+        else:
+            chosen = selector.scan(self.pool.members(pinned), rules, now)
+        if not isinstance(chosen, tuple) and self.narrow_rescans:
+            self._failed_scans.setdefault(origin, {})[pinned] = (chosen, base + len(freed))
+        return chosen
+
+    def _freed_up(self, exit_id: str) -> None:
+        """``exit_id`` may take more now: the next narrowed rescans judge it."""
+        self._freed.append(exit_id)
+        if len(self._freed) > FREED_KEPT:  # a failed scan older than what is dropped: full
+            del self._freed[:FREED_KEPT // 2]
+            self._freed_base += FREED_KEPT // 2
+
+    def _changed(self, origin: str | None = None) -> None:
+        """What an exit search reads changed: for ``origin``, or (None) for every origin."""
+        if origin is None:
+            self._failed_scans.clear()
+        else:
+            self._failed_scans.pop(origin, None)
 
     def _take(self, origin_state: OriginState, exit_state: ExitState, pair: PairState,
               now: float, scopes: Sequence[Scope] = ()) -> Lease | float:
@@ -329,6 +388,7 @@ class Limiter:
         ``site_gap``: since the origin's, on any exit, by any process; None: this
         process's own)."""
         origin_state = self.origin_state(origin)
+        self._changed(origin)
         pair = self.pair_state(origin, exit_id)
         pair.bucket.consume(now)  # keeps the local schedule close, for a fallback
         for bucket in self.scopes.budgets(scopes, now):
@@ -379,6 +439,8 @@ class Limiter:
             return None
         exit_state = self.exits[lease.exit_id]
         exit_state.in_flight -= 1
+        self._freed_up(lease.exit_id)
+        self._changed(lease.origin)  # its pair's gates and the origin's budget move
         if exit_state.waiting:  # origins whose heap set this exit aside: look again
             for origin in exit_state.waiting:
                 if origin in self.origins:
@@ -408,6 +470,8 @@ class Limiter:
 
     def success(self, lease: Lease, latency: float | None = None) -> Feedback:
         """A clean answer (2xx/3xx, or an ordinary 4xx such as 404)."""
+        self._changed(lease.origin)
+        self._freed_up(lease.exit_id)  # its in-flight limit may grow
         return self.feedback.success(lease, latency)
 
     def rate_limited(self, origin: str, exit_id: str, retry_after: float,
@@ -415,30 +479,36 @@ class Limiter:
         """A 429 on the pair: cool down (plus jitter), and learn from it once per
         congestion event (a 429 for a request admitted before the estimate last
         changed is part of the event already accounted for: it teaches nothing)."""
+        self._changed(origin)
         return self.feedback.rate_limited(origin, exit_id, retry_after, lease, now)
 
     def announced(self, lease: Lease, rate: float | None, remaining: float | None,
                   reset: float | None) -> Feedback:
         """The server stated its quota (RateLimit / X-RateLimit-* headers): pace by it,
         or hold until an exhausted quota resets (``stated.py``)."""
+        self._changed(lease.origin)
         return self.feedback.announced(lease, rate, remaining, reset)
 
     def banned(self, lease: Lease) -> Feedback:
         """A 403/block page: this exit is banned by this origin (not everywhere)."""
+        self._changed(lease.origin)
         return self.feedback.banned(lease)
 
     def overloaded(self, lease: Lease, retry_after: float | None) -> Feedback:
         """A 503: the origin as a whole is overloaded; slow its budget (``budget.py``)."""
+        self._changed(lease.origin)
         return self.feedback.overloaded(lease, retry_after)
 
     def proxy_fault(self, lease: Lease | None, exit_id: str, origin: str | None = None,
                     timeout: bool = False) -> Feedback:
         """Refused connection, failed CONNECT, timeout, 407...: the exit's health (a
         timeout the origin is to blame for does not evict it: ``blame.py``)."""
+        self._changed()
         return self.feedback.proxy_fault(lease, exit_id, origin, timeout)
 
     def exit_ip_seen(self, exit_id: str, ip: str) -> Feedback:
         """The provider says this exit's requests leave from ``ip`` (``aliases.py``)."""
+        self._changed()
         return self.feedback.exit_ip_seen(exit_id, ip)
 
     # -- views -----------------------------------------------------------------
@@ -501,6 +571,7 @@ class Limiter:
     def import_learning(self, origin: str, data: Mapping[str, Any]) -> None:
         """Adopt what another process published for this origin."""
         origin_state = self.origin_state(origin)
+        self._changed(origin)
         sharing.import_learning(origin_state, data, known_exit=self.exits.__contains__,
                                 pair_of=partial(self.state.pair, origin_state),
                                 configured=partial(self.state.configured_limit, origin))
@@ -508,6 +579,7 @@ class Limiter:
     def forget_idle(self, now: float | None = None) -> int:
         """Drop state with nothing left to say (``forgetting.py``); returns pairs dropped."""
         now = self.clock() if now is None else now
+        self._changed()
         self.scopes.forget_idle(self.leases.scopes(), now)
         return forgetting.forget_idle(self.origins, self.leases.origins(), now,
                                       self.state.configured_rate)
