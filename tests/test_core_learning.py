@@ -274,7 +274,8 @@ def test_the_start_rate_is_proven_by_one_scout_while_the_others_wait_for_it():
 
 def discovery_with_a_leap(n=4, far=False):
     """A first request on every exit, all answered at once: the scout proves the start
-    rate (2 r/s), the leap tries twice that (``far``: the far leap, four times).
+    rate (2 r/s), the leap tries twice that (``far``: the far leap, eight times: the
+    answers come fast enough for a test a sixteenth of a second long).
     Returns (lim, clock, learner, leap)."""
     lim, clock = learner(n, start_leap=2.0)
     leases = [lim.try_admit(SITE) for _ in range(n)]
@@ -406,27 +407,40 @@ def test_no_leap_when_the_start_rate_is_known_or_refused():
     assert not ol.wants_leap()
 
 
-def test_the_far_leap_proves_four_times_the_start_rate_in_an_eighth_of_a_second():
-    """On a fast path with the crawl on this origin, the first leap tries 8 r/s: one
-    interval at it (0.125 s) proves what twice the start rate took 0.25 s to, and slow
-    start goes on from there (an origin with no limit: the ramp's first step halved)."""
-    lim, clock, ol, leap = discovery_with_a_leap(far=True)
-    clock.now = lim.try_admit(SITE)
-    assert clock.now == pytest.approx(0.125, abs=0.005)
+@pytest.mark.parametrize("first, far", [(0.001, 16.0), (0.02, 8.0), (0.05, None)])
+def test_the_far_leap_proves_eight_times_the_start_rate_in_a_sixteenth_of_a_second(
+        first, far):
+    """On a fast path with the crawl on this origin, the first leap tries 16 r/s: one
+    interval at it (1/16 s) proves what twice the start rate took 0.25 s to, and slow
+    start goes on from there (an origin with no limit: the ramp's first step cut to a
+    quarter). Its test is as short as the first answers (``first`` after their requests)
+    let it tell: four of them long (FAR_LEAP_LATENCY); where only an eighth of a second
+    is, 8 r/s; where not even that, the near leap's 4."""
+    lim, clock = learner(4, start_leap=2.0)
+    leases = [lim.try_admit(SITE) for _ in range(4)]
+    for lease in leases:
+        answer(lim, clock, lease, latency=first)
+    ol = lim.origin_state(SITE).learner
+    leap = ol.leap
+    assert ol.leap_far == (far is not None) and ol.leap_rate() == (far or 4.0)
+    if far is None:
+        return
+    clock.now = lim.try_admit(SITE)  # an interval after its first request reached the origin
+    assert 1 / far < clock.now < 1 / far + 2 * first + 0.005
     test = lim.try_admit(SITE)
-    assert test.exit_id == leap and test.rate == 8.0
+    assert test.exit_id == leap and test.rate == far
     answer(lim, clock, test)
-    assert ol.pool.proven and ol.pool.lo == pytest.approx(8.0, rel=0.05) and ol.leap is None
+    assert ol.pool.proven and ol.pool.lo == pytest.approx(far, rel=0.05) and ol.leap is None
     assert ol.scout == leap and ol.suspect is None
 
 
-def far_leap_clean(latency=0.001):
+def far_leap_clean(latency=0.0005):
     """Discovery whose far leap ran clean, its answer ``latency`` after its request:
     (lim, clock, learner, the leap's exit, now the scout)."""
     lim, clock, ol, leap = discovery_with_a_leap(far=True)
     clock.now = lim.try_admit(SITE)
     test = lim.try_admit(SITE)
-    assert test.exit_id == leap and test.rate == 8.0
+    assert test.exit_id == leap and test.rate == 16.0
     answer(lim, clock, test, latency=latency)
     assert ol.pool.proven and ol.scout == leap and ol.pool.hi is None
     return lim, clock, ol, leap
@@ -448,9 +462,9 @@ def admit_on(lim, clock, exit_id, others_at=None):
 
 
 @pytest.mark.parametrize("latency, jump", [
-    (0.001, JUMP),  # a fast path: JUMP times what the far leap proved
-    (0.01, 1 / (0.01 * FAR_LEAP_LATENCY) / 8.0),  # a test a quarter interval long: 25 r/s
-    (0.02, None),  # 12.5 r/s is under twice the proven 8: a plain step
+    (0.0005, JUMP * 16.0),  # a fast path: JUMP times what the far leap proved
+    (0.005, 1 / (0.005 * FAR_LEAP_LATENCY)),  # a test a quarter interval long: 50 r/s
+    (0.01, None),  # 25 r/s is under twice the proven 16: a plain step
 ])
 def test_after_a_clean_far_leap_the_next_step_jumps_as_far_as_the_path_tells(latency, jump):
     """No limit: slow start from 8 r/s took four more steps (16, 32, 64, 128) to reach
@@ -459,7 +473,7 @@ def test_after_a_clean_far_leap_the_next_step_jumps_as_far_as_the_path_tells(lat
     rate tell (a quarter of the interval, as for the far leap), then doubles again."""
     lim, clock, ol, scout = far_leap_clean(latency)
     proven = ol.pool.lo
-    expected = 2 * proven if jump is None else min(JUMP * proven, jump * 8.0)
+    expected = 2 * proven if jump is None else jump
     assert ol.probe_rate() == pytest.approx(expected, rel=1e-6)
     assert lim.pair_rate(lim.origin_state(SITE), scout, lim.pair_state(SITE, scout)) == \
         pytest.approx(expected, rel=1e-6)
@@ -472,7 +486,7 @@ def test_after_a_clean_far_leap_the_next_step_jumps_as_far_as_the_path_tells(lat
     # of the next step (then 2 x 20 r/s)
     assert ol.pool.lo > proven * 1.2
     ran = jump is not None and ol.pool.lo >= expected * JUMP_RAN
-    assert ran == (latency == 0.001) and (ol.jump is None) == (ran or jump is None)
+    assert ran == (latency == 0.0005) and (ol.jump is None) == (ran or jump is None)
     assert ol.probe_rate() == pytest.approx(max(2 * ol.pool.lo, ol.jump or 0.0))
 
 
@@ -480,23 +494,24 @@ def test_a_jump_the_event_loop_sent_late_is_tried_again():
     """A jump admitted late (the crawl's event loop busy: a full garbage collection held
     the lab's for 30 ms just then, in most runs) reached the server far slower than the
     jump: it proves what went through, and the next step tries the jump again rather than
-    twice that (no limit: 7.9 -> 21 r/s, then 42, where the jump was 57)."""
+    twice that (no limit: 7.9 -> 21 r/s, then 42, where the jump was 57). Here 20 ms
+    late: 35 r/s proven where the jump was 128."""
     lim, clock, ol, scout = far_leap_clean()
     jump, proven = ol.jump, ol.pool.lo
     assert jump == pytest.approx(JUMP * proven)
-    clock.now += 0.05  # the loop stalls: the jump goes 50 ms past its time
+    clock.now += 0.02  # the loop stalls: the jump goes 20 ms past its time
     late = admit_on(lim, clock, scout)
     assert late.rate == pytest.approx(jump)
-    answer(lim, clock, late)
+    answer(lim, clock, late, latency=0.0005)
     assert proven * 1.4 < ol.pool.lo < jump * JUMP_RAN  # only the slower pace is proven
     assert ol.jump == jump and not ol.jumped and ol.probe_rate() == pytest.approx(jump)
-    answer(lim, clock, admit_on(lim, clock, scout))  # on time now
+    answer(lim, clock, admit_on(lim, clock, scout), latency=0.0005)  # on time now
     assert ol.pool.lo >= jump * JUMP_RAN and ol.jump is None and ol.jumped
     assert ol.probe_rate() == pytest.approx(2 * ol.pool.lo)
 
 
 def test_the_jumps_429_is_a_lone_one_and_the_steps_go_on_under_it():
-    """Refused (a per-IP limit between 8 and 64 r/s): the jump's 429 is a scout's lone
+    """Refused (a per-IP limit between 16 and 128 r/s): the jump's 429 is a scout's lone
     429 like any other, and slow start goes on in steps under it: the next exit tries
     twice the proven rate."""
     lim, clock, ol, scout = far_leap_clean()
@@ -562,10 +577,12 @@ def test_after_a_429_in_slow_start_the_pools_exits_send_one_at_a_time_for_a_whil
 
 
 def test_the_far_leaps_429_is_a_lone_one_and_the_near_leap_goes_when_it_would_have():
-    """Refused at 8 r/s (a per-IP limit of 5): the far leap's 429 is the lone 429 that
+    """Refused at 16 r/s (a per-IP limit of 5): the far leap's 429 is the lone 429 that
     slow start draws there anyway; another exit leaps twice the start rate at once, its
     test due 0.25 s after its first request, as a single leap's would be. Clean, the pool
-    goes on at 4 r/s and checks under the far leap's 429: its second 429 agrees there."""
+    goes on at 4 r/s and checks under 8 r/s, where a far leap of four times the start
+    would have been refused (under the 429 at 16 the check would go at 8, and draw one
+    429 more under a limit of 5): its second 429 agrees there."""
     lim, clock, ol, far = discovery_with_a_leap(far=True)
     clock.now = 0.13
     answer(lim, clock, lim.try_admit(SITE), status=429)

@@ -167,6 +167,10 @@ class FeedbackLaws:
         mostly on this origin."""
         learner = origin_state.learner
         if learner.leap is None and learner.wants_leap():
+            if learner.leap_far:  # the cube where a test that short can tell, else the square
+                learner.far_factor = learner.leap_factor ** 3
+                if latency is None or latency * FAR_LEAP_LATENCY > 1.0 / learner.leap_rate():
+                    learner.far_factor = learner.leap_factor ** 2
             if learner.leap_far and (
                     latency is None or latency * FAR_LEAP_LATENCY > 1.0 / learner.leap_rate()
                     or not self._crawl_on(origin_state)):

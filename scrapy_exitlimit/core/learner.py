@@ -438,12 +438,21 @@ class OriginLearner(SharedRateLearner):
     leap_sent: bool = False
     #: what the leap tries, in units of the start rate (1 or less: no leap)
     leap_factor: float = GROWTH
-    #: the leap (under way, or the next one) is the far one: the first tries the square
-    #: of ``leap_factor`` (4 x: on an origin with no limit, proven in an eighth of a
-    #: second at a start of 2 r/s, not a quarter); refused, it is the lone 429 a second
-    #: exit must confirm, and another exit leaps ``leap_factor`` (its test due when the
-    #: first leap's would have been: discovery under a per-IP limit goes as without it)
+    #: the leap (under way, or the next one) is the far one: the first tries a power of
+    #: ``leap_factor`` (``far_factor``: on an origin with no limit, proven in a sixteenth
+    #: of a second at a start of 2 r/s, not a quarter); refused, it is the lone 429 a
+    #: second exit must confirm, and another exit leaps ``leap_factor`` (its test due when
+    #: the first leap's would have been: discovery under a per-IP limit goes as without it)
     leap_far: bool = True
+    #: what the far leap tries, in units of the start rate: the cube of ``leap_factor``
+    #: (8 x: 16 r/s, proven 1/16 s after the first request) where the answer that picks
+    #: it came fast enough for a test that short, else (and until picked: None) the square
+    #: (``FeedbackLaws._leap``)
+    far_factor: float | None = None
+    #: after the far leap's lone 429, the scout's check of it bisects under the rate the
+    #: square would have tried (as if refused there), not under the 429: a check under a
+    #: 429 at 16 r/s would go at 8, and under a 5 r/s limit draw one 429 more
+    check_below: float = math.inf
     #: the far leap ran clean on a fast path: the scout's next step tries this rate, not
     #: twice the proven one (no limit: the lab's full pace, ~75 r/s per exit, 0.08 s
     #: sooner), until a step runs at it (JUMP_RAN). Refused, it is a scout's lone 429 like
@@ -483,7 +492,10 @@ class OriginLearner(SharedRateLearner):
         return self.pool.lo
 
     def leap_rate(self) -> float:
-        factor = self.leap_factor ** 2 if self.leap_far else self.leap_factor
+        if not self.leap_far:
+            factor = self.leap_factor
+        else:
+            factor = self.leap_factor ** 2 if self.far_factor is None else self.far_factor
         return min(self.pool.lo * factor, self.pool.ceiling)
 
     def wants_leap(self) -> bool:
@@ -507,7 +519,7 @@ class OriginLearner(SharedRateLearner):
         target = pool.target()
         if self.jump is not None and pool.proven and pool.hi is None and self.suspect is None:
             return max(target, min(self.jump, pool.ceiling))
-        suspect = self.suspect_rate
+        suspect = min(self.suspect_rate, self.check_below)
         if self.suspect is None or pool.hi is not None or not pool.proven or \
                 not math.isfinite(suspect) or suspect <= pool.lo * (1 + 1e-9):
             return target
@@ -777,8 +789,11 @@ class OriginLearner(SharedRateLearner):
                 self.active_exits(now) > 1:
             # the leap refused: a lone 429, as a scout's first one is; the scout goes on
             # proving the start rate (and after the far leap, another exit tries less)
-            self.leap_far = False
-            return self._lone_429(origin, exit_id, pl, rate, now)
+            far, self.leap_far = self.leap_far, False
+            events = self._lone_429(origin, exit_id, pl, rate, now)
+            if far:
+                self.check_below = self.pool.lo * self.leap_factor ** 2
+            return events
         if self.scout == exit_id and (rate > pool.lo * (1 + 1e-9) or not pool.proven) and (
                 not wider and math.isfinite(clean_gap)):
             # what the 429 proves: arrivals may have come as much closer than sent as
@@ -880,7 +895,7 @@ class OriginLearner(SharedRateLearner):
             earlier = self.learning_of(self.suspect)
             if earlier is not None:
                 earlier.own = None
-        self.suspect, self.suspect_rate = exit_id, rate
+        self.suspect, self.suspect_rate, self.check_below = exit_id, rate, math.inf
         pl.own = RateEstimate(pool.lo, floor=self.min_rate, ceiling=pool.ceiling,
                               proven=pool.proven)
         pl.own.rejected(rate, now, pl.rate_streak)
@@ -989,7 +1004,8 @@ class OriginLearner(SharedRateLearner):
     # -- sharing -------------------------------------------------------------------
     def mark(self) -> tuple:
         return (self.pool.lo, self.pool.changed_at, self.pool.proven, self.scout, self.leap,
-                self.leap_far, self.jump, self.jumped, self.slow_start_429, self.rate_mark())
+                self.leap_far, self.far_factor, self.check_below, self.jump, self.jumped,
+                self.slow_start_429, self.rate_mark())
 
     def export(self) -> dict[str, Any]:
         return {
@@ -1000,6 +1016,8 @@ class OriginLearner(SharedRateLearner):
             "leap": self.leap,
             "leap_sent": self.leap_sent,
             "leap_far": self.leap_far,
+            "far_factor": self.far_factor,
+            "check_below": self.check_below if math.isfinite(self.check_below) else None,
             "jump": self.jump,
             "jumped": self.jumped,
             "slow_start_429": self.slow_start_429 if math.isfinite(self.slow_start_429)
@@ -1019,6 +1037,9 @@ class OriginLearner(SharedRateLearner):
         self.leap = data.get("leap")
         self.leap_sent = bool(data.get("leap_sent", False))
         self.leap_far = bool(data.get("leap_far", True))
+        self.far_factor = data.get("far_factor")
+        check_below = data.get("check_below")
+        self.check_below = math.inf if check_below is None else check_below
         self.jump = data.get("jump")
         self.jumped = bool(data.get("jumped", False))
         wary = data.get("slow_start_429")
