@@ -167,20 +167,24 @@ class FeedbackLaws:
         mostly on this origin."""
         learner = origin_state.learner
         if learner.leap is None and learner.wants_leap():
-            if learner.leap_far:  # the cube where a test that short can tell, else the square
-                learner.far_factor = learner.leap_factor ** 3
-                if latency is None or latency * FAR_LEAP_LATENCY > 1.0 / learner.leap_rate():
-                    learner.far_factor = learner.leap_factor ** 2
-            if learner.leap_far and (
-                    latency is None or latency * FAR_LEAP_LATENCY > 1.0 / learner.leap_rate()
-                    or not self._crawl_on(origin_state)):
-                # a slow path's arrival jitter can space the far leap's test as wide as
-                # a lower limit's interval and prove it (5 r/s per IP behind 20-80 ms of
-                # jitter: proven at 8, then a round of 429s); and where other origins
-                # share the crawl (a broad one), a faster start here gains it little, for
-                # one 429 more where the limit is under the start rate (30 origins at
-                # 1 r/s per IP: 4.8 -> 5.5 % of 429s)
-                learner.leap_far = False
+            if learner.leap_far:
+                # the cube of the leap factor where the answer's time lets a test that
+                # short tell, else the square
+                for power in (3, 2):
+                    learner.far_factor = learner.leap_factor ** power
+                    if latency is not None and \
+                            latency * FAR_LEAP_LATENCY <= 1.0 / learner.leap_rate():
+                        break
+                else:
+                    # a slow path's arrival jitter can space the far leap's test as wide
+                    # as a lower limit's interval and prove it (5 r/s per IP behind 20-80
+                    # ms of jitter: proven at 8, then a round of 429s)
+                    learner.leap_far = False
+                if not self._crawl_on(origin_state):
+                    # where other origins share the crawl (a broad one), a faster start
+                    # here gains it little, for one 429 more where the limit is under the
+                    # start rate (30 origins at 1 r/s per IP: 4.8 -> 5.5 % of 429s)
+                    learner.leap_far = False
             leap = self._pick_leap(origin_state, now)
             if leap is not None:
                 learner.leap, learner.leap_sent = leap, False
