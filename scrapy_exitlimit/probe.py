@@ -9,8 +9,10 @@ at the response head, so a slow body would go unseen).
 
 Per level it records the time of each clean answer (the first ``level`` answers, which
 may have paid for opening connections, left out), the 429s and the errors, and the
-**throughput** the exit kept up: ``level / mean time`` (Little's law: exactly ``level``
-were in flight all along).
+**throughput** the exit kept up: ``mean in flight / mean time`` (Little's law), in flight
+counted as each timed request reached the downloader: ``level`` while this machine keeps
+up, fewer when it sends a refill late (a level that held fewer in flight than it says
+would otherwise look faster than the exit can go).
 
 Three things end an exit's walk, and they mean different things:
 
@@ -78,6 +80,8 @@ SLOT_PREFIX = "exitlimit-probe@"
 #: meta keys: when the request reached the downloader, and how long its whole answer took
 STARTED_KEY = "_exitlimit_probe_started"
 TIME_KEY = "exitlimit_probe_time"
+#: how many of the probe's requests were in the downloader as this one reached it
+LOAD_KEY = "_exitlimit_probe_load"
 
 
 class Stop:
@@ -99,6 +103,9 @@ class LevelResult:
     #: whole-answer times (s) of the clean answers, less the first ``level`` answers,
     #: which may have paid for opening connections
     latencies: list[float] = field(default_factory=list)
+    #: for each of those, how many requests were in flight as it reached the downloader
+    #: (empty: ``level`` each)
+    loads: list[int] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     rate_limited: int = 0  # 429 answers
     answered: int = 0
@@ -120,11 +127,13 @@ class LevelResult:
 
     @property
     def throughput(self) -> float | None:
-        """Answers per second with ``level`` in flight (Little's law), None: no answer."""
+        """Answers per second with as many in flight as there were (Little's law), None:
+        no answer."""
         if not self.latencies:
             return None
         mean = statistics.fmean(self.latencies)
-        return self.level / mean if mean > 0 else math.inf
+        load = statistics.fmean(self.loads) if self.loads else self.level
+        return load / mean if mean > 0 else math.inf
 
 
 @dataclass
@@ -209,7 +218,7 @@ def format_verdicts(verdicts: Sequence[ExitVerdict], url: str = "") -> str:
     header = (f"{'exit':<32} {'level':>5} {'timed':>5} {'429':>4} {'errors':>6} "
               f"{'median s':>8} {'p95 s':>7} {'answers/s':>9}")
     lines = [f"exitlimit-probe {url}".rstrip(),
-             "(times: until the body is complete; answers/s: level / mean time)", "",
+             "(times: until the body is complete; answers/s: mean in flight / mean time)", "",
              header, "-" * len(header)]
     for v in verdicts:
         for i, r in enumerate(v.levels):
@@ -300,6 +309,7 @@ class ProbeSpider(scrapy.Spider):
         self._current: LevelResult | None = None
         self._exit_levels: list[LevelResult] = []
         self._to_send = 0
+        self._in_flight = 0  # requests between reaching the downloader and leaving it
 
     @classmethod
     def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> ProbeSpider:
@@ -309,9 +319,10 @@ class ProbeSpider(scrapy.Spider):
         crawler.signals.connect(spider._left, signal=signals.request_left_downloader)
         return spider
 
-    @staticmethod
-    def _reached(request: Request, spider: Any = None) -> None:
+    def _reached(self, request: Request, spider: Any = None) -> None:
+        self._in_flight += 1
         request.meta[STARTED_KEY] = time.monotonic()
+        request.meta[LOAD_KEY] = self._in_flight
 
     @staticmethod
     def _downloaded(response: Response, request: Request, spider: Any = None) -> None:
@@ -322,7 +333,10 @@ class ProbeSpider(scrapy.Spider):
 
     def _left(self, request: Request, spider: Any = None) -> None:
         """One of ours left the downloader (answered or failed): keep the level full."""
-        if STARTED_KEY in request.meta and self._to_send > 0:
+        if STARTED_KEY not in request.meta:
+            return
+        self._in_flight -= 1
+        if self._to_send > 0:
             self.crawler.engine.crawl(self._request())
 
     async def start(self) -> Any:
@@ -375,6 +389,7 @@ class ProbeSpider(scrapy.Spider):
             latency = response.meta.get(TIME_KEY)
             if latency is not None:
                 result.latencies.append(latency)
+                result.loads.append(response.meta.get(LOAD_KEY, result.level))
         yield from self._after_answer()
 
     def _failed(self, failure: Failure) -> Iterator[scrapy.Request]:

@@ -187,6 +187,19 @@ def test_a_slow_spell_at_the_lowest_level_does_not_inflate_the_capacity():
     assert verdict.knee == 4 and verdict.suggested == 2
 
 
+def test_a_level_that_held_fewer_in_flight_than_it_says_counts_what_it_held():
+    # capacity 4 at 0.055 s (72/s at most). At level 8 this machine sent refills late: its
+    # timed requests reached the downloader with 6 in flight, not 8, and took 0.075 s.
+    # 8 / 0.075 would be 107/s, and 107/s x 0.055 s a suggestion of 6; 6 / 0.075 is 80/s
+    late = level(8, 0.075)
+    late.loads = [6] * len(late.latencies)
+    levels = [level(1, 0.055), level(2, 0.055), level(4, 0.06), late, level(16, 0.2)]
+    assert late.throughput == pytest.approx(80.0)
+    assert analyze("e:1", levels).suggested == 4
+    late.loads = []  # counted as if it held its level: the old overestimate
+    assert analyze("e:1", levels).suggested == 6
+
+
 def test_a_fast_level_above_a_slow_lowest_one_is_not_taken_for_a_machine_bound_exit():
     # level 1 at 12 ms (a slow spell), level 2 at 8 ms, saturated at 4: not machine-bound
     # (the walk judged the lowest level, 12 ms), so Little's law: 250/s x 8 ms = 2, not
