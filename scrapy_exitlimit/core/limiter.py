@@ -200,9 +200,10 @@ class Limiter:
 
     def _tick(self, origin_state: OriginState, now: float) -> None:
         learner = origin_state.learner
-        # a generator: the pairs are walked only on the ticks that drift their ceilings
-        learner.tick(now, (p.learning for p in origin_state.pairs.values()),
-                     self._admitted_lately)
+        if now - learner.last_tick >= 1.0:  # (the tick's own test: most tries stop here)
+            # a generator: the pairs are walked only on the ticks that drift their ceilings
+            learner.tick(now, (p.learning for p in origin_state.pairs.values()),
+                         self._admitted_lately)
         scout = learner.scout
         if scout is not None and (scout not in self.pool.states or not self.pool.allows(scout)
                                   or not views.usable(self.state, self.pool,

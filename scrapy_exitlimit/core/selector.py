@@ -79,9 +79,12 @@ def scan(members: Iterable[tuple[str, ExitState]], rules: PairRules, now: float
     best_key = (0.0, 0.0)
     earliest = UNTIL_RELEASE
     for exit_id, exit_state in members:
-        load = exit_state.in_flight / exit_state.limit
+        in_flight, limit = exit_state.in_flight, exit_state.limit
+        load = in_flight / limit
         if best is not None and load > best_key[0]:
             continue  # more loaded than a ready exit already found: it cannot be chosen
+        if in_flight >= limit and not exit_state.health.dead(now):
+            continue  # full: only a release helps (``judge`` would say FULL)
         verdict, until, pair = judge(exit_id, exit_state, rules, now)
         if verdict is _READY:
             assert pair is not None
