@@ -88,9 +88,10 @@ def test_least_loaded_exit_wins():
     assert lim.try_admit(SITE).exit_id == a.exit_id
 
 
-def test_the_scan_does_not_judge_an_exit_more_loaded_than_a_ready_one(monkeypatch):
+def test_the_scan_judges_the_least_loaded_exit_first_and_no_further(monkeypatch):
     """Judging an exit paces its pair: the cost of every admission on a small pool.
-    An exit more loaded than a ready one already found cannot be chosen: not judged."""
+    Exits are judged least loaded first; once a ready one is found, the more loaded
+    ones cannot be chosen: not judged."""
     from scrapy_exitlimit.core import selector
 
     clock = FakeClock(0.0)
@@ -109,8 +110,8 @@ def test_the_scan_does_not_judge_an_exit_more_loaded_than_a_ready_one(monkeypatc
                         real_judge(exit_id, *a, **kw))
     chosen = lim.try_admit(SITE)
     assert chosen.exit_id == first[1].exit_id
-    # the first (loaded, but nothing ready was found yet), the idle one; not the third
-    assert judged == [first[0].exit_id, first[1].exit_id]
+    # the idle one, ready; not the two loaded ones (the old scan judged the first too)
+    assert judged == [first[1].exit_id]
 
 
 def test_origin_budget_caps_all_exits_together():
