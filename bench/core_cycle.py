@@ -30,7 +30,8 @@ ORIGIN = "http://origin.test"
 
 def cycle(requests: int, exits: int, in_flight: int, step: float, latency: float
           ) -> tuple[float, int]:
-    """(seconds of CPU per request, requests admitted)."""
+    """(seconds per request, requests admitted): the loop's own time, on a fake clock
+    (nothing in it waits)."""
     now = [0.0]
     pool = [Exit(f"e{i}", f"http://127.0.0.{10 + i}:8000") for i in range(exits)]
     limiter = Limiter(pool, Limits(rate=None, concurrency=8), clock=lambda: now[0],
