@@ -57,14 +57,22 @@ class PairRules(Protocol):
         """Bring the pair's pacing up to date; returns its rate."""
 
 
-def judge(exit_id: str, exit_state: ExitState, rules: PairRules, now: float,
-          token: bool = True) -> Look:
-    """Whether ``exit_id`` can take a request now (see the module docstring)."""
+def settled(exit_state: ExitState, now: float) -> Look | None:
+    """Steps 1 and 2, which need no pair: DEAD or FULL, else None (the pair decides)."""
     health = exit_state.health
     if health.dead(now):
         return (_DEAD, health.dead_until, None)
     if exit_state.in_flight >= exit_state.limit:
         return _LOOK_FULL
+    return None
+
+
+def judge(exit_id: str, exit_state: ExitState, rules: PairRules, now: float,
+          token: bool = True) -> Look:
+    """Whether ``exit_id`` can take a request now (see the module docstring)."""
+    look = settled(exit_state, now)
+    if look is not None:
+        return look
     pair = rules.pair(exit_id)
     if rules.awaits_answer(exit_id, pair, now):
         return (_AWAITS, math.inf, pair)

@@ -22,8 +22,7 @@ class ExitState:
 
     @property
     def limit(self) -> int:
-        health = self.health  # (``health.suspect`` written out: every exit search reads this)
-        return 1 if health.evictions > 0 and health.faults > 0 else self.concurrency.limit
+        return 1 if self.health.suspect else self.concurrency.limit
 
     @property
     def full(self) -> bool:

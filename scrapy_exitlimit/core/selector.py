@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .eligibility import PairRules, Verdict, judge
+from .eligibility import PairRules, Verdict, judge, settled
 from .pair import PairState
 from .pool import ExitPool, ExitState
 
@@ -86,15 +86,13 @@ def scan(members: Iterable[tuple[str, ExitState]], rules: PairRules, now: float
     ranked: list[tuple[float, float, int, str, ExitState]] = []
     pair_of = rules.pair
     for position, (exit_id, exit_state) in enumerate(members):
-        health = exit_state.health
-        if health.dead(now):  # what ``judge`` says first: DEAD until then
-            earliest = min(earliest, health.dead_until)
+        look = settled(exit_state, now)
+        if look is not None:  # DEAD until then, or FULL: only a release helps
+            if look[0] is _DEAD:
+                earliest = min(earliest, look[1])
             continue
-        in_flight, limit = exit_state.in_flight, exit_state.limit
-        if in_flight >= limit:
-            continue  # FULL: only a release helps
-        ranked.append((in_flight / limit, pair_of(exit_id).bucket.tat, position, exit_id,
-                       exit_state))
+        ranked.append((exit_state.in_flight / exit_state.limit, pair_of(exit_id).bucket.tat,
+                       position, exit_id, exit_state))
     ranked.sort()
     for _, _, _, exit_id, exit_state in ranked:
         verdict, until, pair = judge(exit_id, exit_state, rules, now)
