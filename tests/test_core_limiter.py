@@ -88,10 +88,9 @@ def test_least_loaded_exit_wins():
     assert lim.try_admit(SITE).exit_id == a.exit_id
 
 
-def test_the_scan_judges_the_least_loaded_exit_first_and_no_further(monkeypatch):
+def test_the_scan_does_not_judge_an_exit_more_loaded_than_a_ready_one(monkeypatch):
     """Judging an exit paces its pair: the cost of every admission on a small pool.
-    Exits are judged least loaded first; once a ready one is found, the more loaded
-    ones cannot be chosen: not judged."""
+    An exit more loaded than a ready one already found cannot be chosen: not judged."""
     from scrapy_exitlimit.core import selector
 
     clock = FakeClock(0.0)
@@ -110,8 +109,30 @@ def test_the_scan_judges_the_least_loaded_exit_first_and_no_further(monkeypatch)
                         real_judge(exit_id, *a, **kw))
     chosen = lim.try_admit(SITE)
     assert chosen.exit_id == first[1].exit_id
-    # the idle one, ready; not the two loaded ones (the old scan judged the first too)
-    assert judged == [first[1].exit_id]
+    # the first (loaded, but nothing ready was found yet), the idle one; not the third
+    assert judged == [first[0].exit_id, first[1].exit_id]
+
+
+def test_the_scan_ranks_a_pair_by_its_token_as_paced_at_its_new_rate():
+    """The pair that waited longest goes first, judged by its token at the rate it has
+    now: a pair told to slow down since its last admission does not go first on the
+    token its old rate gave it (the Redis script, told the new rate, ranks alike)."""
+    clock = FakeClock(0.0)
+    lim = limiter(2, clock, rate=4.0, concurrency=1)
+    a = lim.try_admit(SITE)
+    clock.advance(0.0625)
+    b = lim.try_admit(SITE)
+    assert isinstance(a, Lease) and isinstance(b, Lease) and a.exit_id != b.exit_id
+    lim.release(a.id, answered=True), lim.release(b.id, answered=True)
+    pair_a, pair_b = lim.pair_state(SITE, a.exit_id), lim.pair_state(SITE, b.exit_id)
+    assert pair_a.bucket.tat == pair_b.bucket.tat == 0.3125  # a tie: a first in pool order
+    lim.announced(a, 2.0, None, None)  # a's server states 2 r/s: paced, its token moves
+    clock.advance(0.75 - clock())  # to 0.5625, later than b's; both ready
+    chosen = lim.try_admit(SITE)
+    assert isinstance(chosen, Lease) and chosen.exit_id == b.exit_id
+    assert pair_a.bucket.tat == 0.5625  # (the pace the scan made)
+    then = lim.try_admit(SITE)
+    assert isinstance(then, Lease) and then.exit_id == a.exit_id
 
 
 def test_origin_budget_caps_all_exits_together():

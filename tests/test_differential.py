@@ -55,7 +55,7 @@ from importlib import resources
 
 import pytest
 import redis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from scrapy_exitlimit.backends.redis import HOLD_FIELDS
@@ -349,6 +349,12 @@ def drive(client, lua: str, pool: Pool, sequence: list) -> Run:
 
 @SETTINGS
 @given(pools, steps)
+# a rate stated on one pair's answer, then a tie: the core must rank the pair as paced
+# at its new rate (later), as the script does, not by the token it had before
+@example(Pool(exits=2, rate=4.0, burst=1, concurrency=1, origin_rate=None, origin_burst=1,
+              breaker_after=2, breaker_cooldown=0.5),
+         [("admit", 1)] * 6 + [("answer", 0, "rate", 0.0, 2.0), ("wait", TICK),
+                               ("answer", 0, "ok", 0.0, 2.0), ("wait", 0.484375)])
 def test_the_script_and_the_core_grant_alike(client, pool, sequence):
     drive(client, script_on_test_clock(SCRIPT), pool, sequence)
 

@@ -3,11 +3,11 @@
 Every search judges exits the same way (``eligibility.judge``); they differ in
 how many exits they look at and which ready one they prefer:
 
-- **scan** (pools up to ``INDEX_ABOVE`` exits, and a pinned exit): every exit,
-  ranked: the least loaded, then the one whose pair has waited longest (earliest
-  token), the first in pool order on a tie; judged in that order, the first ready
-  one taken (judging paces its pair: most of an admission's cost on a small pool,
-  so the exits ranked after it are not judged).
+- **scan** (pools up to ``INDEX_ABOVE`` exits, and a pinned exit): every exit;
+  the least loaded ready one, then the one whose pair has waited longest
+  (earliest token, as paced now), the first in pool order on a tie. An exit more
+  loaded than a ready one already found is passed over unjudged (judging paces
+  its pair: most of an admission's cost on a small pool).
 - **heap** (larger pools): O(log exits). Exits wait on a heap by the time they
   could next be admitted (a lower bound, checked when taken); those whose time
   has come move onto a stack of ready exits, and the one used most recently is
@@ -76,32 +76,32 @@ def scan(members: Iterable[tuple[str, ExitState]], rules: PairRules, now: float
     """The best ready exit, or the earliest time one could be (``UNTIL_RELEASE``:
     only a release or an answer can help).
 
-    Exits are judged best first: the least loaded, then the pair that has waited
-    longest (earliest token), then pool order; the first ready one is taken. A judgement
-    paces the pair (most of an admission's cost on a small pool), so an exit ranked
-    after a ready one is never judged, and a full or dead one is settled without it.
-    (The token is ranked as last paced: a pace that moved it since, rarely, ranks
-    it a place off.)"""
+    The best: the least loaded, then the pair that has waited longest (earliest token
+    as paced now: a rate that moved since its last pace moves its token), then pool
+    order. An exit more loaded than a ready one already found is passed over unjudged
+    (a judgement paces the pair: most of an admission's cost on a small pool), and a
+    full or dead one is settled without a judgement."""
+    best: tuple[ExitState, PairState] | None = None
+    best_key = (0.0, 0.0)
     earliest = UNTIL_RELEASE
-    ranked: list[tuple[float, float, int, str, ExitState]] = []
-    pair_of = rules.pair
-    for position, (exit_id, exit_state) in enumerate(members):
+    for exit_id, exit_state in members:
         look = settled(exit_state, now)
         if look is not None:  # DEAD until then, or FULL: only a release helps
             if look[0] is _DEAD:
                 earliest = min(earliest, look[1])
             continue
-        ranked.append((exit_state.in_flight / exit_state.limit, pair_of(exit_id).bucket.tat,
-                       position, exit_id, exit_state))
-    ranked.sort()
-    for _, _, _, exit_id, exit_state in ranked:
+        load = exit_state.in_flight / exit_state.limit
+        if best is not None and load > best_key[0]:
+            continue  # more loaded than a ready exit already found: it cannot be chosen
         verdict, until, pair = judge(exit_id, exit_state, rules, now)
         if verdict is _READY:
             assert pair is not None
-            return exit_state, pair
-        if verdict is _DEAD or verdict is _LATER:
+            key = (load, pair.bucket.tat)
+            if best is None or key < best_key:
+                best, best_key = (exit_state, pair), key
+        elif verdict is _DEAD or verdict is _LATER:
             earliest = min(earliest, until)
-    return earliest
+    return earliest if best is None else best
 
 
 class HeapSelector:
