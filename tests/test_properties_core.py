@@ -6,6 +6,7 @@ loop is bounded by the length of a generated list.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections import defaultdict
@@ -483,24 +484,39 @@ def _scan_by_judge(members, rules, now):
 
 
 scan_ops = st.lists(st.tuples(st.floats(0.0, 0.6), st.sampled_from(
-    ["admit", "admit", "admit", "ok", "ok", "429", "fault", "ban"])), max_size=120)
+    ["admit", "admit", "admit", "ok", "ok", "slower", "faster", "429", "fault", "ban"])),
+    max_size=120)
 
 
 @SETTINGS
 @given(st.sampled_from([None, 4.0]), st.integers(1, 3), scan_ops)
+# a faster rate stated on one pair: its token, paced anew, is earlier than the others'
+@example(None, 1, [(0.0, "admit")] * 4 + [(0.0, "ok"), (0.25, "faster"), (0.5, "admit")])
 def test_the_scan_picks_what_judging_every_exit_picks(rate, concurrency, ops):
     """The scan does not judge an exit more loaded than a ready one it has found (judging
-    paces the pair, the hot path's cost): on any history of admissions, answers, 429s,
-    faults and bans it returns what judging each exit returns, the same exit and pair
-    or the same time."""
+    paces the pair, the hot path's cost): on any history of admissions, answers, stated
+    rates, 429s, faults and bans it returns what judging each exit returns, the same
+    exit and pair or the same time."""
     real_scan = limiter_module.selector.scan
     compared = []
 
     def checked(members, rules, now):
         members = list(members)
-        expected = _scan_by_judge(members, rules, now)  # paces first: the scan repaces as is
+        # judging paces pairs: the reference judges a copy of the state, so the scan meets
+        # the tokens as last paced (a scan that ranked by them unpaced would differ)
+        copied_members, copied_rules = copy.deepcopy((members, rules))
+        expected = _scan_by_judge(copied_members, copied_rules, now)
         got = real_scan(members, rules, now)
-        assert got == expected
+        assert type(got) is type(expected)
+        if isinstance(got, tuple):
+            position = {id(state): i for i, (_, state) in enumerate(members)}
+            copied = {id(state): i for i, (_, state) in enumerate(copied_members)}
+            assert position[id(got[0])] == copied[id(expected[0])]
+            buckets = [(b.rate, b.burst, b.margin, b.interval, b.tat)
+                       for b in (got[1].bucket, expected[1].bucket)]
+            assert buckets[0] == buckets[1]
+        else:
+            assert got == expected
         compared.append(got)
         return got
 
@@ -523,6 +539,9 @@ def test_the_scan_picks_what_judging_every_exit_picks(rate, concurrency, ops):
             lease = held.pop(0)
             if op == "ok":
                 lim.success(lease, 0.01)
+            elif op in ("slower", "faster"):  # the server states a rate: paced anew
+                lim.success(lease, 0.01)
+                lim.announced(lease, 2.0 if op == "slower" else 8.0, None, None)
             elif op == "429":
                 lim.rate_limited(lease.origin, lease.exit_id, 1.0, lease)
             elif op == "fault":
