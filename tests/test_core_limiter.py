@@ -103,8 +103,8 @@ def test_the_scan_does_not_judge_an_exit_more_loaded_than_a_ready_one(monkeypatc
     lim.release(first[1].id, answered=True)  # the middle exit idle again
     clock.advance(0.01)  # (its answer re-anchored its pacing: one interval from there)
     judged = []
-    real_judge = selector.judge
-    monkeypatch.setattr(selector, "judge",
+    real_judge = selector.judge_pair  # (after the exit's own checks: DEAD, FULL)
+    monkeypatch.setattr(selector, "judge_pair",
                         lambda exit_id, *a, **kw: judged.append(exit_id) or
                         real_judge(exit_id, *a, **kw))
     chosen = lim.try_admit(SITE)

@@ -57,22 +57,29 @@ class PairRules(Protocol):
         """Bring the pair's pacing up to date; returns its rate."""
 
 
-def settled(exit_state: ExitState, now: float) -> Look | None:
-    """Steps 1 and 2, which need no pair: DEAD or FULL, else None (the pair decides)."""
+def settled(exit_state: ExitState, now: float) -> Look | float:
+    """Steps 1 and 2, which need no pair: DEAD or FULL, else the exit's load (in flight
+    over its limit; the pair decides)."""
     health = exit_state.health
     if health.dead(now):
         return (_DEAD, health.dead_until, None)
-    if exit_state.in_flight >= exit_state.limit:
+    limit = exit_state.limit
+    if exit_state.in_flight >= limit:
         return _LOOK_FULL
-    return None
+    return exit_state.in_flight / limit
 
 
 def judge(exit_id: str, exit_state: ExitState, rules: PairRules, now: float,
           token: bool = True) -> Look:
     """Whether ``exit_id`` can take a request now (see the module docstring)."""
     look = settled(exit_state, now)
-    if look is not None:
+    if isinstance(look, tuple):
         return look
+    return judge_pair(exit_id, rules, now, token)
+
+
+def judge_pair(exit_id: str, rules: PairRules, now: float, token: bool = True) -> Look:
+    """Steps 3 and 4, for an exit ``settled`` left to its pair."""
     pair = rules.pair(exit_id)
     if rules.awaits_answer(exit_id, pair, now):
         return (_AWAITS, math.inf, pair)

@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .eligibility import PairRules, Verdict, judge, settled
+from .eligibility import PairRules, Verdict, judge, judge_pair, settled
 from .pair import PairState
 from .pool import ExitPool, ExitState
 
@@ -85,15 +85,14 @@ def scan(members: Iterable[tuple[str, ExitState]], rules: PairRules, now: float
     best_key = (0.0, 0.0)
     earliest = UNTIL_RELEASE
     for exit_id, exit_state in members:
-        look = settled(exit_state, now)
-        if look is not None:  # DEAD until then, or FULL: only a release helps
-            if look[0] is _DEAD:
-                earliest = min(earliest, look[1])
+        load = settled(exit_state, now)
+        if isinstance(load, tuple):  # DEAD until then, or FULL: only a release helps
+            if load[0] is _DEAD:
+                earliest = min(earliest, load[1])
             continue
-        load = exit_state.in_flight / exit_state.limit
         if best is not None and load > best_key[0]:
             continue  # more loaded than a ready exit already found: it cannot be chosen
-        verdict, until, pair = judge(exit_id, exit_state, rules, now)
+        verdict, until, pair = judge_pair(exit_id, rules, now)
         if verdict is _READY:
             assert pair is not None
             key = (load, pair.bucket.tat)
