@@ -109,13 +109,17 @@ def test_a_rescan_narrowed_to_the_exits_released_admits_exactly_as_a_full_one(
     from scrapy_exitlimit.core import selector
     from scrapy_exitlimit.sim.crawl import _Sim
 
-    judged, judge = [0], selector.judge
+    judged = [0]
 
-    def counted(*args, **kwargs):
-        judged[0] += 1
-        return judge(*args, **kwargs)
+    def counting(judge):
+        def counted(*args, **kwargs):
+            judged[0] += 1
+            return judge(*args, **kwargs)
+        return counted
 
-    monkeypatch.setattr(selector, "judge", counted)
+    # the scan judges an exit's pair after settling the exit itself; the heap, whole
+    monkeypatch.setattr(selector, "judge_pair", counting(selector.judge_pair))
+    monkeypatch.setattr(selector, "judge", counting(selector.judge))
     scenario = next(s for s in SCENARIOS if s.name == name)
     runs = {}
     for narrow in (False, True):
