@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -165,6 +165,19 @@ class AdmissionQueue:
         for key in [k for k in self._ready_at if k not in self._release_no_help]:
             del self._ready_at[key]
         self._wake_soon()
+
+    def changed(self, origins: Iterable[str]) -> None:
+        """What the origins' admission rests on changed (a learned rate, a cooldown, a
+        ban): look again at their queues, those a release would not help too. An
+        asynchronous backend's answer named when a token is due at the pace it was
+        told; a faster pace makes it due sooner (a learned rate up after the scout)."""
+        if not self.parked:
+            return
+        origins = set(origins)
+        for key in [k for k in self._ready_at if k[0] in origins]:
+            del self._ready_at[key]
+            self._release_no_help.discard(key)
+        self.wake()
 
     def _wake_now(self) -> None:
         self._soon = None

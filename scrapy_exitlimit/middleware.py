@@ -526,7 +526,7 @@ class ExitLimitMiddleware:
                 logger.log(level, "exitlimit: %s %s%s: %s", ev.kind, ev.origin,
                            f" via {ev.exit_id}" if ev.exit_id else "", ev.detail)
         if events:
-            self.queue.wake()
+            self.queue.changed({ev.origin for ev in events})
 
     def process_response(self, request: Request, response: Response,
                          spider: Any = None) -> Request | Response:

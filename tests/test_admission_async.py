@@ -141,3 +141,26 @@ async def test_leases_free_at_once_go_out_one_per_queue_per_loop_turn():
     assert settled() == {"http://a": 2, "http://b": 2}
     assert queue.parked == 0
     queue.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_change_to_an_origins_pacing_asks_again_before_the_time_named():
+    """An asynchronous backend named when a token is due at the pace it was told; a
+    learned rate up makes it due sooner: the origin's queue asks again at once, though
+    a release would not have helped it (another origin's queue keeps its time)."""
+    backend = ManualBackend()
+    queue = AdmissionQueue(backend, lambda *a: None)
+    queue.acquire("http://o")
+    queue.acquire("http://other")
+    await turn()
+    assert len(backend.calls) == 2
+    for call in backend.calls:  # a token due in 0.5 s (2 r/s); a release would not help
+        call.callback(Admission([], 1000.5, False))
+    await turn()
+    queue.wake()  # a release: no new call
+    await turn()
+    assert len(backend.calls) == 2
+    queue.changed({"http://o"})  # the origin's pairs now paced at 4 r/s
+    await turn()
+    assert len(backend.calls) == 3  # asked again, for that origin only
+    queue.close()
