@@ -98,7 +98,7 @@ def scan(members: Iterable[tuple[str, ExitState]], rules: PairRules, now: float
             key = (load, pair.bucket.tat)
             if best is None or key < best_key:
                 best, best_key = (exit_state, pair), key
-        elif verdict is _DEAD or verdict is _LATER:
+        elif verdict is _LATER:  # (DEAD was settled above)
             earliest = min(earliest, until)
     return earliest if best is None else best
 
