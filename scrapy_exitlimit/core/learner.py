@@ -1029,7 +1029,9 @@ class OriginLearner(SharedRateLearner):
             "ceiling_at_start": self.ceiling_at_start,
         }
 
-    def load(self, data: Mapping[str, Any], known_exits: Callable[[str], bool]) -> None:
+    def load(self, data: Mapping[str, Any]) -> None:
+        """Adopt another process's ``export`` (an exit it names that this pool lacks, as
+        scout, is handed on at the next tick: ``Limiter._tick``)."""
         load_estimate(self.pool, data["estimate"])
         self.load_rate(data.get("site"))
         self.scout = data["scout"]

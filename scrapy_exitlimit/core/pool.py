@@ -24,10 +24,6 @@ class ExitState:
     def limit(self) -> int:
         return 1 if self.health.suspect else self.concurrency.limit
 
-    @property
-    def full(self) -> bool:
-        return self.in_flight >= self.limit
-
     def usable(self, now: float) -> bool:
         return not self.health.dead(now) and self.in_flight < self.limit
 

@@ -54,7 +54,7 @@ def import_learning(origin: OriginState, data: Mapping[str, Any], *,
                     configured: Callable[[str], RateEstimate | None]) -> None:
     """Adopt what another process published for this origin. ``pair_of`` makes a pair
     (for an exit of this pool), ``configured`` is a pair's configured limit, if any."""
-    origin.learner.load(data, known_exit)
+    origin.learner.load(data)
     budget = origin.budget
     budget.overloaded_until = data["overloaded_until"]
     budget.overload_at = data["overload_at"]
