@@ -1030,8 +1030,8 @@ class OriginLearner(SharedRateLearner):
         }
 
     def load(self, data: Mapping[str, Any]) -> None:
-        """Adopt another process's ``export`` (an exit it names that this pool lacks, as
-        scout, is handed on at the next tick: ``Limiter._tick``)."""
+        """Adopt another process's ``export`` (a scout this pool lacks is handed on at
+        this process's next admission for the origin: ``Limiter._tick``)."""
         load_estimate(self.pool, data["estimate"])
         self.load_rate(data.get("site"))
         self.scout = data["scout"]
