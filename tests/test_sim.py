@@ -271,3 +271,48 @@ def test_the_warm_table_runs_each_crawl_on_origins_built_anew(bench_sim):
     warm = next(line.split() for line in lines if line.split()[:2] == ["per-ip", "warm"])
     first_second_429 = int(warm[5])
     assert first_second_429 == 0
+
+
+@pytest.mark.parametrize("name", ["mixed", "site-wide", "jitter-small"])
+def test_an_exit_search_paces_and_holds_as_the_learner_says(name, monkeypatch):
+    """An exit search reads the learner once (``PoolPacing``), not once per exit: over a
+    crawl with discovery, scouts, leaps and pairs with limits of their own, every pace
+    and every hold it made is what the learner itself says for that pair."""
+    import math
+
+    from scrapy_exitlimit.core import limiter as limiter_module
+    from scrapy_exitlimit.sim.crawl import _Sim
+
+    rules = limiter_module._OriginRules
+    real_pace, real_awaits = rules.pace, rules.awaits_answer
+    seen = {"own": 0, "special": 0, "plain": 0, "held": 0, "near": 0}
+
+    def pace(self, exit_id, pair):
+        rate = real_pace(self, exit_id, pair)
+        learner = self._learner
+        assert rate == learner.pair_rate(exit_id, pair.learning) * self._share
+        near = learner.near_limit(pair.learning)
+        assert bool(pair.answer_wait) == bool(pair.spread and near)
+        kind = "own" if pair.learning.own is not None else \
+            "special" if exit_id in (learner.scout, learner.leap) else "plain"
+        seen[kind] += 1
+        seen["near"] += near
+        return rate
+
+    def awaits_answer(self, exit_id, pair, now):
+        held = real_awaits(self, exit_id, pair, now)
+        learner = self._learner
+        assert held == (pair.single_file or learner.holds(
+            exit_id, pair.learning, pair.last_admit > -math.inf) or (
+            pair.in_flight > 0 and learner.wary(pair.learning, now)))
+        seen["held"] += held
+        return held
+
+    monkeypatch.setattr(rules, "pace", pace)
+    monkeypatch.setattr(rules, "awaits_answer", awaits_answer)
+    scenario = next(s for s in SCENARIOS if s.name == name)
+    result = _Sim(scenario.build(0.3)).run()
+    assert result.ok > 100
+    assert all(seen[k] > 0 for k in ("special", "plain", "held", "near")), seen
+    if name == "mixed":  # its slow exits learn limits of their own
+        assert seen["own"] > 0, seen

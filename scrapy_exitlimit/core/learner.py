@@ -37,7 +37,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .events import Event
 from .learning import BACKOFF_BY_STREAK, CLIMB_BELOW, GROWTH, RESOLUTION, RateEstimate, backoff
@@ -138,6 +138,19 @@ class PairLearning:
     announced: float | None = None
     distrusted: float | None = None
     distrusted_at: float = -math.inf  # when a 429 contradicted the statement
+
+
+class PoolPacing(NamedTuple):
+    """What an exit search reads from an origin's learner once, not once per exit (its
+    judgements were two thirds of a no-limit crawl's calls into the limiter)."""
+
+    #: ``pair_rate`` and ``near_limit`` of every pair with no limit of its own whose
+    #: exit is neither the scout nor the leap (``special``): the pool's
+    rate: float
+    near: bool
+    special: tuple[str | None, str | None]
+    #: whether discovery may hold an exit at all (False: ``holds`` is False for every one)
+    holding: bool
 
 
 @dataclass(kw_only=True)
@@ -483,6 +496,8 @@ class OriginLearner(SharedRateLearner):
 
     # -- what to pace at -----------------------------------------------------
     def pair_rate(self, exit_id: str, pl: PairLearning) -> float:
+        """The rate a pair paces at: its own limit's probe, the scout's, the leap's, else
+        the pool's clean rate (as ``pool_pacing`` tells an exit search)."""
         if pl.own is not None:
             return pl.own.target()  # its own limit: it probes for itself
         if self.scout == exit_id:
@@ -541,7 +556,7 @@ class OriginLearner(SharedRateLearner):
 
     def holds(self, exit_id: str, pl: PairLearning, sent_before: bool) -> bool:
         """Discovery: while the start rate is unproven, only the scout (and the leap)
-        send twice."""
+        send twice (``PoolPacing.holding``: it is proven)."""
         return (not self.pool.proven and sent_before and pl.own is None
                 and self.scout is not None and self.scout != exit_id
                 and self.leap != exit_id)
@@ -565,6 +580,11 @@ class OriginLearner(SharedRateLearner):
         """Whether a limit is known close by: then pacing allows for arrival jitter."""
         est = self.estimate(pl)
         return est.hi is not None or self._given(est)
+
+    def pool_pacing(self) -> PoolPacing:
+        pool = self.pool
+        return PoolPacing(pool.lo, pool.hi is not None or self._given(pool),
+                          (self.scout, self.leap), not pool.proven)
 
     def _given(self, est: RateEstimate) -> bool:
         """Whether ``est`` is a rate given (configured, or stated by the server): its

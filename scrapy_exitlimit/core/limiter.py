@@ -593,7 +593,8 @@ class Limiter:
 class _OriginRules:
     """One origin's pairs and laws, as the exit searches see them (``selector.py``)."""
 
-    __slots__ = ("_ips", "_learner", "_limiter", "_margin", "_origin", "_pairs", "_share")
+    __slots__ = ("_ips", "_learner", "_limiter", "_margin", "_origin", "_pacing", "_pairs",
+                 "_share")
 
     def __init__(self, limiter: Limiter, origin: OriginState) -> None:
         self._limiter = limiter
@@ -603,21 +604,29 @@ class _OriginRules:
         self._ips = limiter.aliases.ips
         self._share = limiter.share
         self._margin = limiter.tuning.margin
+        self._pacing = origin.learner.pool_pacing()  # (the learner does not change during a search)
 
     def pair(self, exit_id: str) -> PairState:
         pair = self._pairs.get(self._ips.get(exit_id, exit_id))
         return pair if pair is not None else self._limiter.state.pair(self._origin, exit_id)
 
     def awaits_answer(self, exit_id: str, pair: PairState, now: float) -> bool:
-        return pair.single_file or self._learner.holds(exit_id, pair.learning,
-                                                       pair.last_admit > -math.inf) or (
-            pair.in_flight > 0 and self._learner.wary(pair.learning, now))
+        if pair.in_flight > 0 and (pair.single_file or self._learner.wary(pair.learning, now)):
+            return True
+        return self._pacing.holding and self._learner.holds(exit_id, pair.learning,
+                                                            pair.last_admit > -math.inf)
 
     def pace(self, exit_id: str, pair: PairState) -> float:
         """Pace the pair at the learner's rate, times this process's share; near a
         known limit, widen the margin by the arrival spread."""
         learner = self._learner
-        rate = learner.pair_rate(exit_id, pair.learning) * self._share
+        pl = pair.learning
+        pacing = self._pacing
+        if pl.own is None and exit_id not in pacing.special:
+            rate, near = pacing.rate, pacing.near
+        else:
+            rate, near = learner.pair_rate(exit_id, pl), learner.near_limit(pl)
+        rate *= self._share
         # near a known limit, requests are spaced by what the network does to them too:
         # paced 1/rate apart, they may reach the server ``spread`` closer than that. An
         # answer re-anchors pacing on when its request arrived (``pair.py``), so the
@@ -625,7 +634,7 @@ class _OriginRules:
         # at most 1.5 intervals); a share of the spread stays as margin, for what the
         # fastest answer seen so far overstates the path's floor
         margin = self._margin
-        if pair.spread and learner.near_limit(pair.learning):
+        if pair.spread and near:
             margin += min(pair.spread * SPREAD_MARGIN, 1.5 / rate)
             pair.answer_wait = min(pair.spread, 1.5 / rate)
         else:
