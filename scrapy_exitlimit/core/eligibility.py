@@ -61,7 +61,7 @@ def settled(exit_state: ExitState, now: float) -> Look | float:
     """Steps 1 and 2, which need no pair: DEAD or FULL, else the exit's load (in flight
     over its limit; the pair decides)."""
     health = exit_state.health
-    if now < health.dead_until:  # (``health.dead(now)``, inline: the scan's hot path)
+    if health.dead(now):
         return (_DEAD, health.dead_until, None)
     limit = exit_state.limit
     if exit_state.in_flight >= limit:

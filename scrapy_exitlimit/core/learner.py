@@ -578,13 +578,14 @@ class OriginLearner(SharedRateLearner):
 
     def near_limit(self, pl: PairLearning) -> bool:
         """Whether a limit is known close by: then pacing allows for arrival jitter."""
-        est = self.estimate(pl)
-        return est.hi is not None or self._given(est)
+        return self._near(self.estimate(pl))
 
     def pool_pacing(self) -> PoolPacing:
         pool = self.pool
-        return PoolPacing(pool.lo, pool.hi is not None or self._given(pool),
-                          (self.scout, self.leap), not pool.proven)
+        return PoolPacing(pool.lo, self._near(pool), (self.scout, self.leap), not pool.proven)
+
+    def _near(self, est: RateEstimate) -> bool:
+        return est.hi is not None or self._given(est)
 
     def _given(self, est: RateEstimate) -> bool:
         """Whether ``est`` is a rate given (configured, or stated by the server): its

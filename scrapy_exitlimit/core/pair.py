@@ -119,10 +119,8 @@ class PairState:
         return -math.inf
 
     def ready_at(self, now: float) -> float:
-        ready = max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until)
-        if self.answer_wait and self.in_flight:  # (the scan's hot path: the gate's own test)
-            return max(ready, self.answer_gate())
-        return ready
+        return max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until,
+                   self.answer_gate())
 
     def usable(self, now: float) -> bool:
         """Not banned, breaker not open: it could serve (perhaps after its token)."""
