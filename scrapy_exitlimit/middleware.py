@@ -35,6 +35,7 @@ from .core.health import CpuLoad
 from .core.ratelimit_headers import QuotaWindows, parse_ratelimit
 from .core.scopes import Scope
 from .failclosed import EXPECTED_PROXY_KEY
+from .handlers import delivers_feedback
 from .policy import ResponsePolicy, Signal
 from .progress import Snapshot
 from .prometheus import PrometheusMetrics
@@ -62,7 +63,9 @@ FORGET_EVERY = 60.0
 RATES_EVERY = 1.0
 SLOT_PREFIX = "exitlimit@"
 #: answers after which the request is sent again through another exit
-REISSUE = {Signal.RATE_LIMITED, Signal.BANNED, Signal.OVERLOADED, Signal.PROXY_FAULT}
+#: (as kept in meta: the signals' values)
+REISSUE = frozenset(signal.value for signal in (
+    Signal.RATE_LIMITED, Signal.BANNED, Signal.OVERLOADED, Signal.PROXY_FAULT))
 #: stat name per signal
 SIGNAL_STATS = {
     Signal.RATE_LIMITED: "exitlimit/response_429",
@@ -188,8 +191,13 @@ class ExitLimitMiddleware:
         self._scope_rates = RateChanges()
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._spider_closed, signal=signals.spider_closed)
-        crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
-        crawler.signals.connect(self._left_downloader, signal=signals.request_left_downloader)
+        #: answers come from this package's download handler (it serves http and https),
+        #: not through Scrapy's signals: the same point of a download, without a dispatch
+        self.feedback_from_handler = delivers_feedback(crawler.settings)
+        if not self.feedback_from_handler:
+            crawler.signals.connect(self.response_downloaded,
+                                    signal=signals.response_downloaded)
+            crawler.signals.connect(self.left_downloader, signal=signals.request_left_downloader)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ExitLimitMiddleware:
@@ -445,12 +453,14 @@ class ExitLimitMiddleware:
         if lease_id is not None and self.backend.release(lease_id, answered) is not None:
             self.queue.wake()
 
-    def _left_downloader(self, request: Request, spider: Any = None) -> None:
+    def left_downloader(self, request: Request, spider: Any = None) -> None:
+        """The request's download ended (answered or not): its lease goes back."""
         self._release(request)
 
-    def _response_downloaded(self, response: Response, request: Request,
-                             spider: Any = None) -> None:
-        """Feedback straight from the wire, before any other middleware reacts."""
+    def response_downloaded(self, response: Response, request: Request,
+                            spider: Any = None) -> None:
+        """Feedback straight from the wire, before any other middleware reacts (from the
+        download handler, or Scrapy's ``response_downloaded`` signal)."""
         lease = self.backend.lease(request.meta.get(LEASE_KEY, -1))
         if lease is None:
             return
@@ -477,7 +487,9 @@ class ExitLimitMiddleware:
             if self.cpu_load.due(wall):
                 self.backend.cpu_bound(self.cpu_load.sample(wall, time.process_time()))
             events += self.backend.success(lease, latency)
-            quota = parse_ratelimit(response.headers, now=time.time())
+            # Headers' own store: its names are normalized already (its items() would
+            # normalize each again)
+            quota = parse_ratelimit(dict(dict.items(response.headers)), now=time.time())
             if quota is not None:
                 rate = self.quota_windows.rate((lease.origin, lease.pair), quota, latency)
                 events += self.backend.announced(lease, rate, quota.remaining, quota.reset)
@@ -532,10 +544,9 @@ class ExitLimitMiddleware:
                          spider: Any = None) -> Request | Response:
         self._release(request)  # a cache hit never reaches the downloader
         value = request.meta.get(SIGNAL_KEY)
-        signal = Signal(value) if value is not None else None
-        if signal not in REISSUE:
+        if value not in REISSUE:
             return response
-        return self._reissue(request, signal, f"HTTP {response.status}") or response
+        return self._reissue(request, Signal(value), f"HTTP {response.status}") or response
 
     def process_exception(self, request: Request, exception: Exception,
                           spider: Any = None) -> Request | None:

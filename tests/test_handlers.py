@@ -194,3 +194,45 @@ async def test_each_tunnel_carries_one_session(handler):
     assert all(len(sessions) == 1 for sessions in tunnels.values())
     assert set().union(*tunnels.values()) == set(SESSIONS)
     assert len(tunnels) < len(seen.requests) == PAGES  # tunnels were reused
+
+
+# -- answers reach the middleware from the handler, or from Scrapy's signals -------------
+
+
+def test_the_handler_delivers_answers_only_when_it_serves_http_and_https():
+    from scrapy.settings import Settings
+
+    from scrapy_exitlimit.addon import DOWNLOAD_HANDLER
+    from scrapy_exitlimit.handlers import delivers_feedback
+
+    ours = {"http": DOWNLOAD_HANDLER, "https": DOWNLOAD_HANDLER}
+    assert delivers_feedback(Settings({"DOWNLOAD_HANDLERS": ours}))
+    assert not delivers_feedback(Settings({"DOWNLOAD_HANDLERS": {**ours, "https": STOCK}}))
+    assert not delivers_feedback(Settings({"DOWNLOAD_HANDLERS": {**ours, "http": None}}))
+    assert not delivers_feedback(Settings({"DOWNLOAD_HANDLERS": {"http": DOWNLOAD_HANDLER}}))
+    assert not delivers_feedback(Settings({"DOWNLOAD_HANDLERS": {**ours, "https": "no.such"}}))
+
+
+@pytest.mark.parametrize("handler", [None, STOCK])
+@pytest_twisted.ensureDeferred
+async def test_every_answer_is_read_once_through_the_handler_or_the_signals(handler):
+    """With the add-on's handler on http and https the middleware takes its answers from
+    it and listens to no signal; with Scrapy's own handler on http, from the signals.
+    Either way each 429 the origin sent is counted once and every lease goes back."""
+    from scrapy_exitlimit.lab import Lab, OriginConfig
+
+    from .crawling import crawl_lab
+
+    lab = Lab(exits=2, origin=OriginConfig(rate=4, retry_after=0))
+    settings: dict[str, Any] = {"EXITLIMIT_RATE": 12, "EXITLIMIT_COOLDOWN_MIN": 0.05,
+                                "EXITLIMIT_BREAKER_THRESHOLD": 100}
+    if handler is not None:
+        settings["DOWNLOAD_HANDLERS"] = {"http": handler}
+    crawler = await crawl_lab(lab, settings, 12)
+    middleware = crawler.exitlimit
+    assert middleware.feedback_from_handler is (handler is None)
+    stats = crawler.stats.get_stats()
+    assert len(crawler.spider.ok) == 12
+    assert lab.origin.total(429) > 0
+    assert stats.get("exitlimit/response_429") == lab.origin.total(429)
+    assert len(middleware.backend.limiter.leases) == 0
