@@ -44,8 +44,11 @@ class Limits:
     exits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def pair(self, origin: str, exit_id: str) -> PairLimits:
-        o = self.origins.get(origin, {})
-        e = self.exits.get(exit_id, {})
+        o = self.origins.get(origin)
+        e = self.exits.get(exit_id)
+        if o is None and e is None:  # no override (most pairs, asked on every answer)
+            return PairLimits(rate=self.rate, burst=self.burst)
+        o, e = o or {}, e or {}
         rates = [r for r in (o.get("rate"), e.get("rate")) if r is not None]
         bursts = [b for b in (o.get("burst"), e.get("burst")) if b is not None]
         return PairLimits(
