@@ -146,7 +146,7 @@ class CredentialKeyedDownloadHandler(HTTP11DownloadHandler):
                     _tell(listener.left_downloader, request)
                 raise
             if listener is not None:
-                _tell(listener.response_downloaded, response, request)
+                _tell_answer(listener, response, request)
             return response
 
     else:  # Scrapy 2.13
@@ -192,11 +192,18 @@ def _tell(receiver: Any, *args: Any) -> None:
     try:
         receiver(*args)
     except Exception:
-        logger.error("Error caught on %r", receiver, exc_info=True)
+        logger.error("scrapy_exitlimit: error in the feedback %r", receiver, exc_info=True)
+
+
+def _tell_answer(listener: Any, response: Response, request: Request) -> None:
+    """An answer, then the end of its download (as Scrapy's two signals: the lease goes
+    back even if reading the answer failed)."""
+    _tell(listener.response_downloaded, response, request)
+    _tell(listener.left_downloader, request)
 
 
 def _told_answer(response: Response, listener: Any, request: Request) -> Response:
-    _tell(listener.response_downloaded, response, request)
+    _tell_answer(listener, response, request)
     return response
 
 

@@ -236,3 +236,24 @@ async def test_every_answer_is_read_once_through_the_handler_or_the_signals(hand
     assert lab.origin.total(429) > 0
     assert stats.get("exitlimit/response_429") == lab.origin.total(429)
     assert len(middleware.backend.limiter.leases) == 0
+
+
+def test_a_failing_feedback_is_logged_and_the_lease_still_goes_back(caplog):
+    """As Scrapy does with a signal receiver that raises: logged, and the download (and
+    the end-of-download call that releases the lease) goes on."""
+    from scrapy_exitlimit.handlers import _tell_answer
+
+    calls: list[str] = []
+
+    class Listener:
+        def response_downloaded(self, response, request):
+            calls.append("answer")
+            raise RuntimeError("boom")
+
+        def left_downloader(self, request):
+            calls.append("left")
+
+    with caplog.at_level(logging.ERROR, logger="scrapy_exitlimit.handlers"):
+        _tell_answer(Listener(), object(), object())
+    assert calls == ["answer", "left"]
+    assert any("boom" in (r.exc_text or "") or r.exc_info for r in caplog.records)
