@@ -639,9 +639,7 @@ class _OriginRules:
             pair.answer_wait = min(pair.spread, 1.5 / rate)
         else:
             pair.answer_wait = 0.0
-        bucket = pair.bucket
-        if rate != bucket.rate or margin != bucket.margin:  # (a search paces every pair)
-            pair.pace(rate, margin)
+        pair.pace(rate, margin)
         return rate
 
     def pair_key(self, exit_id: str) -> str:

@@ -119,8 +119,8 @@ class PairState:
         return -math.inf
 
     def ready_at(self, now: float) -> float:
-        ready = max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until)
-        return max(ready, self.answer_gate()) if self.answer_wait else ready
+        return max(self.bucket.ready_at(now), self.cooldown_until, self.banned_until,
+                   self.answer_gate())
 
     def usable(self, now: float) -> bool:
         """Not banned, breaker not open: it could serve (perhaps after its token)."""
