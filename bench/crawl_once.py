@@ -119,6 +119,7 @@ def main() -> None:
         "failed": len(spider.failed),
         # first request to last outcome (Scrapy may notice the end up to 5 s later)
         "wall": spider.crawl_seconds,
+        "crawl_cpu": spider.crawl_cpu_seconds,  # CPU over the same span
         "finish_reason": stats.get("finish_reason"),
         "requests": stats.get("downloader/request_count", 0),
         "cpu_seconds": usage.ru_utime + usage.ru_stime,

@@ -317,6 +317,7 @@ def run_strategy(name: str, lab: dict, args: argparse.Namespace, run: int = 0,
                       share_429_after_change=limited / seen if seen else 0.0)
     result.update(
         pages_per_s=result["ok"] / result["wall"],
+        cpu_share=result["crawl_cpu"] / result["wall"] / procs if result["wall"] > 0 else 0.0,
         lost=pages - result["ok"],
         responses=responses,
         share_429=(totals["status"].get("429", 0) / responses) if responses else 0.0,
@@ -386,7 +387,7 @@ def merge(parts: list[dict]) -> dict:
     if len(parts) == 1:
         return parts[0]
     merged = dict(parts[0])
-    for key in ("pages", "ok", "failed", "requests"):
+    for key in ("pages", "ok", "failed", "requests", "crawl_cpu"):
         merged[key] = sum(p[key] for p in parts)
     merged["wall"] = max(p["wall"] for p in parts)
     merged["exitlimit"] = {}
@@ -417,7 +418,8 @@ def main() -> None:
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="foundation")
     ap.add_argument("--strategies", help="comma-separated (default: the scenario's)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per strategy, alternating; the table shows the median run")
+                    help="runs per strategy, alternating (A B, B A, A B, ...); the table shows "
+                         "the median run")
     ap.add_argument("--json", help="also write the rows to this file (every run: *.runs.json)")
     ap.add_argument("--events", metavar="DIR",
                     help="save the origin's arrivals per strategy and run (NAME.RUN.json)")
@@ -465,8 +467,12 @@ def main() -> None:
     elif args.state_dir:
         Path(args.state_dir).mkdir(parents=True, exist_ok=True)
     try:
-        for k in range(args.repeat):  # alternating, so drift on the machine hits all alike
-            for name, phase in rows_of:
+        for k in range(args.repeat):
+            # alternating, in turn forwards and backwards (A B, B A, ...): the machine's
+            # speed drifts (seen here: each run faster than the one before it for minutes),
+            # and a drift that favours whoever runs second then favours each side alike
+            names = strategies if k % 2 == 0 else strategies[::-1]
+            for name, phase in [(n, p) for n in names for p in phases(n, args)]:
                 r = run_strategy(name, info, args, k, phase)
                 r["run"] = k
                 row = f"{name} {phase}".strip()
@@ -553,13 +559,22 @@ def main() -> None:
             print(f"\nthroughput ratio {r['strategy']} / {rows[0]['strategy']}: "
                   f"{r['pages_per_s'] / rows[0]['pages_per_s']:.3f}")
             if args.repeat > 1:
-                # each run against the baseline's run just before it: the machine's speed
-                # drifts over seconds (here by 20-50 %), and adjacent runs share it
+                # each run against the baseline's run beside it (just before or after it):
+                # the machine's speed drifts over seconds (here by 20-50 %), and adjacent
+                # runs share it
                 pairs = zip(runs[r["strategy"]], base_runs, strict=True)
                 paired = sorted(mine["pages_per_s"] / theirs["pages_per_s"]
                                 for mine, theirs in pairs)
                 print(f"  paired runs: median {statistics.median(paired):.3f}, "
                       + ", ".join(f"{p:.3f}" for p in paired))
+                # CPU-bound (a crawl's CPU near its wall time), throughput is CPU a page
+                cpu = sorted(mine["crawl_cpu"] / mine["ok"] / (theirs["crawl_cpu"] / theirs["ok"])
+                             for mine, theirs in zip(runs[r["strategy"]], base_runs, strict=True))
+                print(f"  CPU a page, paired runs: median {statistics.median(cpu):.3f} of "
+                      f"{rows[0]['strategy']}'s ("
+                      + ", ".join(f"{c:.3f}" for c in cpu) + "); the crawl's CPU over its "
+                      f"wall time: {median_of('cpu_share', r['strategy']):.2f} against "
+                      f"{median_of('cpu_share', rows[0]['strategy']):.2f}")
             if r.get("steady_rate") and rows[0].get("steady_rate"):
                 # medians over the runs: where the difference is (see ramp())
                 print(f"  after the first second: {median_of('steady_rate', r['strategy']):.0f}"

@@ -16,7 +16,8 @@ class PagesSpider(scrapy.Spider):
     reason; ``ok_count`` counts the downloads. ``keep_urls=False`` (for long soak runs)
     only counts: ``ok`` stays empty, so the spider's own memory does not grow per page.
     ``crawl_seconds`` runs from the first request to the last outcome: a benchmark's clock,
-    free of the seconds Scrapy may take to notice that the crawl is over.
+    free of the seconds Scrapy may take to notice that the crawl is over;
+    ``crawl_cpu_seconds`` is this process's CPU time over the same span.
 
     A broad crawl: ``bases`` (a list, or comma-separated) interleaves several origins, page
     ``first`` of every base, then page ``first+1`` of every base, ...; ``pages`` counts
@@ -46,13 +47,19 @@ class PagesSpider(scrapy.Spider):
         self.ok: dict[str, int] = {}
         self.failed: dict[str, str] = {}
         self._started = self._last = 0.0
+        self._cpu_started = self._cpu_last = 0.0
 
     @property
     def crawl_seconds(self) -> float:
         return self._last - self._started
 
+    @property
+    def crawl_cpu_seconds(self) -> float:
+        return self._cpu_last - self._cpu_started
+
     async def start(self):
         self._started = time.monotonic()
+        self._cpu_started = time.process_time()
         n = len(self.bases)
         for k in range(self.pages):
             url = f"{self.bases[k % n]}/page/{self.first + k // n}"
@@ -65,6 +72,7 @@ class PagesSpider(scrapy.Spider):
 
     def parse(self, response):
         self._last = time.monotonic()
+        self._cpu_last = time.process_time()
         self.ok_count += 1
         if self.keep_urls:
             self.ok[response.url] = response.status
@@ -72,6 +80,7 @@ class PagesSpider(scrapy.Spider):
 
     def error(self, failure):
         self._last = time.monotonic()
+        self._cpu_last = time.process_time()
         # HttpError carries Scrapy's response; before Scrapy 2.15 a Twisted ResponseFailed
         # arrives unwrapped, and its ``response`` is Twisted's (no ``status``)
         response = getattr(failure.value, "response", None)
