@@ -569,8 +569,9 @@ def main() -> None:
                       + ", ".join(f"{p:.3f}" for p in paired))
                 # CPU-bound (a crawl's CPU near its wall time), throughput is CPU a page
                 cpu = sorted(mine["crawl_cpu"] / mine["ok"] / (theirs["crawl_cpu"] / theirs["ok"])
-                             for mine, theirs in zip(runs[r["strategy"]], base_runs, strict=True))
-                print(f"  CPU a page, paired runs: median {statistics.median(cpu):.3f} of "
+                             for mine, theirs in zip(runs[r["strategy"]], base_runs, strict=True)
+                             if mine["ok"] and theirs["ok"] and theirs["crawl_cpu"])
+                print(f"  CPU a page, paired runs: median {statistics.median(cpu or [0]):.3f} of "
                       f"{rows[0]['strategy']}'s ("
                       + ", ".join(f"{c:.3f}" for c in cpu) + "); the crawl's CPU over its "
                       f"wall time: {median_of('cpu_share', r['strategy']):.2f} against "
