@@ -31,13 +31,21 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 CRAWL = str(Path(__file__).with_name("crawl_once.py"))
 
 
-def counted(strategy: str, lab: dict, pages: int, sets: list[str]) -> tuple[int, int, dict]:
-    """(instructions, L1 data misses, the crawl's result line) for one crawl under
-    cachegrind."""
+class Count(NamedTuple):
+    """One crawl under cachegrind."""
+
+    instructions: int
+    misses: int  # L1 data
+    result: dict  # crawl_once.py's result line
+
+
+def counted(strategy: str, lab: dict, pages: int, sets: list[str]) -> Count:
+    """One crawl of ``pages`` pages under cachegrind, counted."""
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", "--cachegrind-out-file=/dev/null",
            sys.executable, CRAWL, "--strategy", strategy, "--origin", lab["origin_url"],
            "--exits", ",".join(lab["exit_urls"]), "--pages", str(pages), "--rate", "0",
@@ -51,7 +59,8 @@ def counted(strategy: str, lab: dict, pages: int, sets: list[str]) -> tuple[int,
     if done.returncode != 0 or refs is None or misses is None or not done.stdout.strip():
         raise SystemExit(f"{strategy}: the crawl under valgrind failed:\n{done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return (int(refs.group(1).replace(",", "")), int(misses.group(1).replace(",", "")), result)
+    return Count(int(refs.group(1).replace(",", "")), int(misses.group(1).replace(",", "")),
+                 result)
 
 
 def main() -> None:
@@ -82,14 +91,15 @@ def main() -> None:
         for strategy in args.strategies.split(","):
             short = counted(strategy, lab, args.pages, args.set)
             long = counted(strategy, lab, args.pages * 4, args.set)
-            pages = long[2]["ok"] - short[2]["ok"]
+            pages = long.result["ok"] - short.result["ok"]
             if pages <= 0:
                 raise SystemExit(f"{strategy}: the longer crawl fetched no more pages")
-            parked = [r[2]["exitlimit"].get("exitlimit/parked", 0) for r in (short, long)]
-            print(f"{strategy}: {(long[0] - short[0]) / pages / 1e6:.3f} M instructions a page, "
-                  f"{(long[1] - short[1]) / pages / 1e3:.1f} k L1 data misses a page "
-                  f"(pages {short[2]['ok']}, {long[2]['ok']}; parked {parked[0]}, {parked[1]})",
-                  flush=True)
+            parked = [c.result["exitlimit"].get("exitlimit/parked", 0) for c in (short, long)]
+            print(f"{strategy}: "
+                  f"{(long.instructions - short.instructions) / pages / 1e6:.3f} M instructions "
+                  f"a page, {(long.misses - short.misses) / pages / 1e3:.1f} k L1 data misses a "
+                  f"page (pages {short.result['ok']}, {long.result['ok']}; "
+                  f"parked {parked[0]}, {parked[1]})", flush=True)
     finally:
         lab_proc.terminate()
         lab_proc.wait()
