@@ -35,11 +35,13 @@ __all__ = [
     "call_later",
     "close_spider",
     "download_exceptions",
+    "downloader_total",
     "engine_closing",
     "handler_pool",
     "is_asyncio_available",
     "looping_call",
     "served_from_cache",
+    "set_downloader_total",
     "set_handler_pool",
     "set_idle_heartbeat",
     "set_slot_settings",
@@ -159,6 +161,31 @@ def set_slot_settings(crawler: Crawler, key: str, concurrency: int) -> None:
     if key not in table:
         table[key] = {"concurrency": concurrency, "delay": 0, "jitter": 0,
                       "randomize_delay": False}
+
+
+def downloader_total(crawler: Crawler) -> tuple[int, int] | None:
+    """``(held, total)``: the requests the downloader holds (parked ones included: its
+    ``active`` set, public in the telnet console's ``est()``), and how many it may hold
+    before the engine stops handing it more (see ``set_downloader_total``; 0: no
+    limit). None before the engine exists."""
+    engine = crawler.engine
+    if engine is None:
+        return None
+    downloader = engine.downloader
+    return len(downloader.active), downloader.total_concurrency
+
+
+def set_downloader_total(crawler: Crawler, total: int) -> None:
+    """Hold at most ``total`` requests in the downloader, parked ones included.
+
+    Undocumented: ``Downloader.total_concurrency``, CONCURRENT_REQUESTS as read at start,
+    which ``Downloader.needs_backout`` compares with the requests it holds (its
+    ``active`` set) each time the engine is about to hand it another; 2.18+ read 0 as no
+    limit. No public API changes it while crawling. Read: 2.13.4-2.19.0.
+    """
+    engine = crawler.engine
+    assert engine is not None
+    engine.downloader.total_concurrency = total
 
 
 def served_from_cache(cache: HttpCacheMiddleware, request: Request, crawler: Crawler) -> bool:

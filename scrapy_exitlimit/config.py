@@ -16,6 +16,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 
 from .core import Exit, Limits, Tuning, mask_url, parse_exit_list, parse_sessions
 from .core.exits import SESSION_FIELD, is_template, with_scheme
+from .core.health import BUSY_ROOM
 from .core.limits import CRAWL_TUNING
 from .core.scopes import ScopeRules
 
@@ -304,6 +305,8 @@ _GLUE = {
     "cooldown_default": ("EXITLIMIT_COOLDOWN_DEFAULT", False, 0, False, 2.0),
     "cooldown_max": ("EXITLIMIT_COOLDOWN_MAX", False, 0, True, 600.0),
     "stall_timeout": ("EXITLIMIT_STALL_TIMEOUT", False, 0, True, 120.0),
+    # room.py: requests parked per queue while CPU-bound; 0 = the downloader not narrowed
+    "busy_room": ("EXITLIMIT_BUSY_ROOM", True, 0, False, BUSY_ROOM),
     # warm start (state_file.py): 0 = written at close only; a day
     "state_save_interval": ("EXITLIMIT_STATE_SAVE_INTERVAL", False, 0, False, 300.0),
     "state_max_age": ("EXITLIMIT_STATE_MAX_AGE", False, 0, True, 86400.0),
@@ -402,6 +405,7 @@ class ExitLimitConfig:
     cooldown_default: float
     cooldown_max: float
     stall_timeout: float
+    busy_room: int
     state_save_interval: float
     state_max_age: float
     stats_per_exit: bool

@@ -39,6 +39,7 @@ from .handlers import delivers_feedback
 from .policy import ResponsePolicy, Signal
 from .progress import Snapshot
 from .prometheus import PrometheusMetrics
+from .room import DownloaderRoom
 from .sessions import StickySessions
 from .state_file import StateFile
 from .telemetry import Telemetry
@@ -166,6 +167,7 @@ class ExitLimitMiddleware:
         #: windows of stated quotas that do not say how long their window is
         self.quota_windows = QuotaWindows()
         self.cpu_load = CpuLoad()
+        self.room = DownloaderRoom(crawler, config.busy_room)
         telemetry = Telemetry.open(config.telemetry)
         metrics = PrometheusMetrics.serve(config.prometheus_port, config.prometheus_addr,
                                           per_scope=config.stats_per_scope)
@@ -224,6 +226,9 @@ class ExitLimitMiddleware:
 
     async def _spider_closed(self, spider: Any = None, reason: str = "") -> None:
         self._close_queue("spider closed")
+        self.room.restore()
+        if self.room.narrowings:
+            self.stats.set_value("exitlimit/downloader_narrowed", self.room.narrowings)
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -485,7 +490,10 @@ class ExitLimitMiddleware:
             latency = self.backend.clock() - lease.admitted_at
             wall = time.monotonic()
             if self.cpu_load.due(wall):
-                self.backend.cpu_bound(self.cpu_load.sample(wall, time.process_time()))
+                busy = self.cpu_load.sample(wall, time.process_time())
+                self.backend.cpu_bound(busy)
+                self.room.update(busy, self.queue.parked + self.sessions.following,
+                                 len(self.queue.queues))
             events += self.backend.success(lease, latency)
             # Headers' own store: its names are normalized already (its items() would
             # normalize each again)

@@ -173,6 +173,37 @@ def test_the_simulated_client_reads_its_cpu_load_as_the_middleware_does():
     assert heard[-1] and ignored == 8  # Crawl.per_exit, the ceiling
 
 
+def test_the_simulated_downloader_is_narrowed_while_the_client_is_busy():
+    """As the middleware narrows Scrapy's downloader (``room.py``): saturated, the client
+    holds what is in flight and EXITLIMIT_BUSY_ROOM more, not the 96 the add-on sized,
+    and still loses nothing; with the room 0 it keeps the 96. A broad crawl's origins
+    (1 r/s per IP, the client saturated at 250 r/s) park in 30 queues that get the room
+    each: more than 96, so it is never narrowed, and runs as it did."""
+    from scrapy_exitlimit.sim.crawl import _Sim
+
+    def lowest(crawl: Crawl) -> tuple[int, int, int]:
+        sim = _Sim(crawl)
+        seen, narrow = [], sim.narrow
+        sim.narrow = lambda busy: (narrow(busy), seen.append(sim.slots))
+        result = sim.run()
+        assert result.lost == 0
+        return min(seen), sim.configured_slots, result.ok
+
+    def unlimited(**kw) -> Crawl:
+        return Crawl({"http://site.test": OriginModel(per_ip=Unlimited)}, 2000, **kw)
+
+    def broad(room: int) -> Crawl:  # a fresh build each run: the models keep state
+        crawl = scenario("broad").build(0.25)
+        return replace(crawl, network=replace(crawl.network, cpu=0.004), busy_room=room)
+
+    narrowed, configured, ok = lowest(unlimited())
+    assert configured == 96 and ok == 2000 and narrowed <= 10 * 1 + 16 + 4
+    assert lowest(unlimited(busy_room=0))[0] == 96
+    assert lowest(broad(16))[0] == 96
+    assert simulate(broad(16)) == simulate(broad(0))  # the same crawl, event for event
+    assert lowest(broad(1))[0] < 96  # (a room of one is not enough for 30 queues)
+
+
 def scenario(name: str):
     return next(s for s in SCENARIOS if s.name == name)
 

@@ -23,6 +23,9 @@ START_LIMIT = 2
 #: learned / bare 0.977 at one, 0.936 at two; bare Scrapy itself ran 0.935 of its pace
 #: with 20 in flight instead of 8)
 BUSY_LIMIT = 1
+#: while CPU-bound, requests the downloader may hold parked per queue (an origin, a pinned
+#: exit, a set of scopes), beyond what it has in flight (``narrowed_total``)
+BUSY_ROOM = 16
 
 
 @dataclass
@@ -112,6 +115,19 @@ class CpuLoad:
             self.busy = (cpu - began_cpu) >= self.share * (wall - began_wall)
         self._since = (wall, cpu)
         return self.busy
+
+
+def narrowed_total(configured: int, busy: bool, held: int, parked: int,
+                   room: int = BUSY_ROOM) -> int:
+    """How many requests Scrapy's downloader should hold, parked ones included:
+    ``configured`` (CONCURRENT_REQUESTS; 0: no limit) unless the process is ``busy``; then
+    those it holds past admission (``held`` less ``parked``) and ``room`` more, if that is
+    fewer. A request parked while the CPU is the limit gains nothing and costs memory and
+    collections; in the scheduler it costs nothing (``room.py``)."""
+    if not busy:
+        return configured
+    total = max(held - parked, 0) + max(room, 1)
+    return total if configured <= 0 or total < configured else configured
 
 
 #: consecutive proxy faults that evict an exit, and seconds before its first probe

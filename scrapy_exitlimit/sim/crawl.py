@@ -10,7 +10,8 @@ admitted while the client is busy goes out late, the rest on its answer),
 one-way latency with jitter on the way to the origin, dead proxies that refuse
 connections. The middleware's CPU-load reading (``CpuLoad``, on each clean answer)
 reads that client's work, so exits' in-flight limits shrink while it is saturated as
-they do in a crawl. Deterministic for a given seed.
+they do in a crawl, and the downloader is narrowed as the middleware narrows Scrapy's.
+Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import Lease, Limiter, Limits, Tuning, bounded_cooldown, make_exit
-from ..core.health import CpuLoad
+from ..core.health import BUSY_ROOM, CpuLoad, narrowed_total
 from ..core.limits import CRAWL_TUNING
 from ..core.warm import recall, remember
 from .origins import OriginModel
@@ -61,6 +62,9 @@ class Crawl:
     rate: float | None = None  # EXITLIMIT_RATE; None: learned
     strategy: str = "exitlimit"  # or "bare": a random live exit, no limiter
     concurrency: int | None = None  # CONCURRENT_REQUESTS (the add-on's sizing)
+    #: EXITLIMIT_BUSY_ROOM: while the client is CPU-bound, parked requests per queue
+    #: beyond what is in flight (0: CONCURRENT_REQUESTS always)
+    busy_room: int = BUSY_ROOM
     per_exit: int = 8
     network: Network = field(default_factory=Network)
     time_limit: float = 600.0
@@ -117,7 +121,9 @@ class _Sim:
         # interleaved: page 0 of every origin, then page 1 of every origin...
         self.todo: deque[str] = deque(n for _ in range(crawl.pages) for n in names)
         self.total = len(self.todo)
-        self.slots = crawl.concurrency or crawl.exits * crawl.per_exit + max(16, crawl.exits)
+        self.configured_slots = crawl.concurrency or \
+            crawl.exits * crawl.per_exit + max(16, crawl.exits)
+        self.slots = self.configured_slots  # narrowed while the client is CPU-bound
         self.active = 0
         self.queues: dict[str, deque[int]] = {n: deque() for n in names}
         self.timer_at = math.inf
@@ -218,7 +224,9 @@ class _Sim:
             lim = self.limiter
             if status == 200:
                 if self.cpu_load.due(self.now):  # as the middleware reads it
-                    lim.cpu_bound(self.cpu_load.sample(self.now, self.cpu_seconds()))
+                    busy = self.cpu_load.sample(self.now, self.cpu_seconds())
+                    lim.cpu_bound(busy)
+                    self.narrow(busy)
                 lim.success(lease, self.now - lease.admitted_at)
             elif status == 429:
                 retry = self.crawl.origins[origin].retry_after
@@ -227,6 +235,15 @@ class _Sim:
                 lim.banned(lease)
             lim.release(lease.id, answered=True)
         self.done(origin, status == 200)
+
+    def narrow(self, busy: bool) -> None:
+        """The downloader held to what is in flight and the room while busy, as the
+        middleware holds Scrapy's (``room.py``)."""
+        if not self.crawl.busy_room:
+            return
+        waiting = [len(q) for q in self.queues.values() if q]
+        self.slots = narrowed_total(self.configured_slots, busy, self.active, sum(waiting),
+                                    self.crawl.busy_room * max(len(waiting), 1))
 
     def cpu_seconds(self) -> float:
         """The client's CPU time so far: its work queued back to back up to ``cpu_free``,
