@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from scrapy_exitlimit.lab.process import start_lab_process
+
 CRAWL = str(Path(__file__).with_name("crawl_once.py"))
 
 
@@ -77,15 +79,9 @@ def main() -> None:
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
-    lab_proc = subprocess.Popen(
-        [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(args.exits), "--rate",
-         "0", "--latency", str(args.latency)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lab_proc, lab = start_lab_process("--exits", str(args.exits), "--rate", "0",
+                                      "--latency", str(args.latency))
     try:
-        line = lab_proc.stdout.readline() if lab_proc.stdout else ""
-        if not line:
-            raise SystemExit("the lab did not start")
-        lab = json.loads(line)
         print(f"lab: {args.exits} exits, no limit, latency {args.latency:g} s; "
               f"{args.pages} and {args.pages * 4} pages a strategy", flush=True)
         for strategy in args.strategies.split(","):

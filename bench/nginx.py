@@ -70,6 +70,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from scrapy_exitlimit.lab.process import start_lab_process
 from scrapy_exitlimit.lab.redis_server import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -318,16 +319,11 @@ class Servers:
         it forwards each request: the path from a real exit to the origin. The lab's own
         origin (no limit) is started too, and unused."""
         case = self.case
-        lab = subprocess.Popen(
-            [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(case.exits),
-             "--rate", "0", "--delay", f"{case.delay:g}", "--jitter", f"{case.jitter:g}",
-             "--seed", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        lab, info = start_lab_process("--exits", str(case.exits), "--rate", "0",
+                                      "--delay", f"{case.delay:g}", "--jitter",
+                                      f"{case.jitter:g}", "--seed", "1")
         self.procs.append(lab)
-        line = lab.stdout.readline() if lab.stdout is not None else ""
-        if not line:
-            raise SystemExit("the jitter relays (the lab's proxies) did not start")
-        ips = json.loads(line)["exit_ips"]  # relay URL -> the IP it leaves from
+        ips = info["exit_ips"]  # relay URL -> the IP it leaves from
         relays = [url for ip in (f"127.0.0.{FIRST_EXIT_HOST + i}" for i in range(case.exits))
                   for url, bound in ips.items() if bound == ip]
         if len(relays) != case.exits:

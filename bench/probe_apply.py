@@ -22,20 +22,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scrapy_exitlimit.lab.process import start_lab_process
+
 SCRAPY = str(Path(sys.executable).parent / "scrapy")
 FIRST_EXIT_HOST = 10
 
 
 def start_lab(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
     caps = [int(c) for c in args.capacity.split(",")]
-    cmd = [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(len(caps)),
-           "--rate", "0", "--body-time", str(args.body_time), "--proxy-capacity",
-           *[f"127.0.0.{FIRST_EXIT_HOST + i}={c}" for i, c in enumerate(caps)]]
-    lab = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = lab.stdout.readline()
-    if not line:
-        raise SystemExit("the lab did not start")
-    return lab, json.loads(line)
+    return start_lab_process(
+        "--exits", str(len(caps)), "--rate", "0", "--body-time", str(args.body_time),
+        "--proxy-capacity", *[f"127.0.0.{FIRST_EXIT_HOST + i}={c}" for i, c in enumerate(caps)])
 
 
 def probe(lab: dict, args: argparse.Namespace) -> tuple[dict, str]:

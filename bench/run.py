@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from scrapy_exitlimit.lab.process import start_lab_process
+
 HERE = Path(__file__).resolve().parent
 STRATEGIES = ["random-proxy", "autothrottle", "global-delay", "exitlimit", "exitlimit-learned"]
 LEARNED_KNOWN = ["exitlimit-learned", "exitlimit"]
@@ -163,15 +165,10 @@ def lab_call(origin: str, path: str, method: str = "GET") -> dict:
 def start_lab(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
     sc = SCENARIOS[args.scenario]
     change = ["--rate-change", f"{sc.change[0]:g}={sc.change[1]:g}"] if sc.change else []
-    cmd = [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(args.exits),
-           "--rate", str(args.rate), "--burst", "1", "--retry-after", "1",
-           "--origins", str(args.origins), *sc.lab_args, *change]
-    print("lab:", " ".join(cmd[1:]), file=sys.stderr)
-    lab = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = lab.stdout.readline()
-    if not line:
-        raise SystemExit("the lab did not start")
-    return lab, json.loads(line)
+    lab_args = ["--exits", str(args.exits), "--rate", str(args.rate), "--burst", "1",
+                "--retry-after", "1", "--origins", str(args.origins), *sc.lab_args, *change]
+    print("lab: -m scrapy_exitlimit.lab", " ".join(lab_args), file=sys.stderr)
+    return start_lab_process(*lab_args, stderr=None)
 
 
 def origin_totals(origins: list[str]) -> dict:

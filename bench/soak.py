@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from scrapy_exitlimit.lab.process import start_lab_process
+
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1024 * 1024
 
@@ -68,15 +70,8 @@ def redis_dbsize(url: str) -> int | None:
 
 
 def start_lab(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
-    cmd = [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(args.exits),
-           "--rate", str(args.origin_rate)]
-    lab = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                           cwd=ROOT)
-    line = lab.stdout.readline()
-    if not line:
-        lab.wait(10)
-        raise SystemExit("the lab did not start")
-    return lab, json.loads(line)
+    return start_lab_process("--exits", str(args.exits), "--rate", str(args.origin_rate),
+                             cwd=ROOT)
 
 
 def crawl_command(args: argparse.Namespace, info: dict, redis_url: str | None) -> list[str]:

@@ -23,13 +23,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from scrapy_exitlimit import report  # noqa: E402
+from scrapy_exitlimit.lab.process import start_lab_process  # noqa: E402
 
 
 def lab(*args: str) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "scrapy_exitlimit.lab", *args],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    return proc, json.loads(proc.stdout.readline())
+    return start_lab_process(*args, stderr=None)
 
 
 def crawl(info: dict, exits: list[str], pages: int, telemetry: Path, **settings: object

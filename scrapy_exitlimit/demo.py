@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .lab.process import start_lab_process
+
 
 def find_example_project() -> Path:
     for base in (Path(__file__).resolve().parents[1], Path.cwd()):
@@ -28,15 +30,7 @@ def find_example_project() -> Path:
 
 
 def start_lab(exits: int, rate: float) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    lab = subprocess.Popen(
-        [sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", str(exits), "--rate", str(rate)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    assert lab.stdout is not None
-    line = lab.stdout.readline()
-    if not line:
-        raise SystemExit("the lab did not start")
-    return lab, json.loads(line)
+    return start_lab_process("--exits", str(exits), "--rate", str(rate))
 
 
 def per_exit_table(info: dict[str, Any], stats: dict[str, Any], rate: float) -> str:

@@ -17,6 +17,7 @@ from scrapy_exitlimit.backends.redis import RedisBackend, RedisUnavailable, redi
 from scrapy_exitlimit.config import ExitLimitConfig
 from scrapy_exitlimit.core.bucket import FIRST_ANSWER_WAIT
 from scrapy_exitlimit.lab import Lab, OriginConfig
+from scrapy_exitlimit.lab.process import start_lab_process
 from scrapy_exitlimit.lab.spider import PagesSpider
 from scrapy_exitlimit.middleware import ExitLimitMiddleware
 
@@ -346,11 +347,8 @@ async def test_redis_restarted_mid_crawl_loses_nothing(redis_server, redis_url, 
 def test_three_processes_share_their_exits_within_the_limit(redis_url):
     """Separate crawl processes, one Redis: the origin sees each exit within its per-IP
     limit. Paced 10 % under it, as the other lab tests: exact-limit runs are in bench/."""
-    lab = subprocess.Popen([sys.executable, "-m", "scrapy_exitlimit.lab", "--exits", "4",
-                            "--rate", "10"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                           text=True)
+    lab, info = start_lab_process("--exits", "4", "--rate", "10")
     try:
-        info = json.loads(lab.stdout.readline())
         crawls = [subprocess.Popen(
             [sys.executable, "-m", "scrapy_exitlimit.lab.crawl", "--origin", info["origin_url"],
              "--exits", ",".join(info["exit_urls"]), "--pages", "40", "--first", str(40 * i),
