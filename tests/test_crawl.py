@@ -15,10 +15,13 @@ from .crawling import crawl, crawl_lab
 
 @pytest_twisted.ensureDeferred
 async def test_no_page_lost_and_no_exit_over_its_limit():
-    # configured 10 % under the server's limit: exact-limit pacing is measured in bench/
-    # (separate processes); here the lab shares our event loop and its stamps jitter
+    # configured 20 % under the server's limit: exact-limit pacing is measured in bench/
+    # (separate processes); here the lab shares our event loop and its stamps jitter (at
+    # 10 % under, one 429 in one full-suite run, never alone: 11 ms of delay on one pair,
+    # as a collection of that process's larger heap may take, bring two arrivals closer
+    # than the limit's interval)
     lab = Lab(exits=3, origin=OriginConfig(rate=10, burst=1))
-    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 9}, 60)
+    crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 8}, 60)
     spider = crawler.spider
     stats = crawler.stats.get_stats()
     assert len(spider.ok) == 60 and not spider.failed
