@@ -62,3 +62,21 @@ async def crawl_twice_at_once(lab: Lab, settings: dict[str, Any], pages: int,
     await da
     await db
     return a, b, time.monotonic() - started
+
+
+class FixedCpuLoad:
+    """A CPU load that always (or never) reads as CPU-bound, at every answer."""
+
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy
+
+    def due(self, wall: float) -> bool:
+        return True
+
+    def sample(self, wall: float, cpu: float) -> bool:
+        return self.busy
+
+
+def cpu_reads_busy(monkeypatch: Any, busy: bool) -> None:
+    """Middlewares made from now on read the process as CPU-bound (or never)."""
+    monkeypatch.setattr("scrapy_exitlimit.middleware.CpuLoad", lambda: FixedCpuLoad(busy))

@@ -10,7 +10,7 @@ from scrapy import signals
 from scrapy_exitlimit.lab import Lab, OriginConfig
 from scrapy_exitlimit.lab.spider import PagesSpider
 
-from .crawling import crawl, crawl_lab
+from .crawling import cpu_reads_busy, crawl, crawl_lab
 
 
 @pytest_twisted.ensureDeferred
@@ -164,26 +164,13 @@ async def test_cache_hits_spend_no_tokens_and_never_wait(tmp_path):
     assert stats["elapsed_time_seconds"] < 10.0
 
 
-class _Busy:
-    """A CPU load that always (or never) reads as CPU-bound."""
-
-    def __init__(self, busy: bool) -> None:
-        self.busy = busy
-
-    def due(self, wall: float) -> bool:
-        return True
-
-    def sample(self, wall: float, cpu: float) -> bool:
-        return self.busy
-
-
 @pytest_twisted.ensureDeferred
 async def test_a_cpu_bound_crawl_grows_no_exit_limit(monkeypatch):
     """The middleware tells the limiter what the process's CPU says: busy, exits full of
     work keep the in-flight limit they start with; with CPU to spare they grow."""
     grew = {}
     for busy in (False, True):
-        monkeypatch.setattr("scrapy_exitlimit.middleware.CpuLoad", lambda b=busy: _Busy(b))
+        cpu_reads_busy(monkeypatch, busy)
         lab = Lab(exits=2, origin=OriginConfig(rate=None, latency=0.05))
         crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 1000}, 80)
         assert len(crawler.spider.ok) == 80

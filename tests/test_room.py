@@ -12,7 +12,7 @@ from scrapy_exitlimit.lab import Lab, OriginConfig
 from scrapy_exitlimit.lab.spider import PagesSpider
 from scrapy_exitlimit.room import DownloaderRoom, narrowed_total
 
-from .crawling import crawl_lab
+from .crawling import cpu_reads_busy, crawl_lab
 
 
 def test_with_cpu_to_spare_the_downloader_holds_concurrent_requests():
@@ -88,19 +88,6 @@ def test_without_an_engine_nothing_is_read_or_set():
     assert room.configured is None and room.narrowings == 0
 
 
-class _Busy:
-    """A CPU load that always (or never) reads as CPU-bound."""
-
-    def __init__(self, busy: bool) -> None:
-        self.busy = busy
-
-    def due(self, wall: float) -> bool:
-        return True
-
-    def sample(self, wall: float, cpu: float) -> bool:
-        return self.busy
-
-
 class _WatchingSpider(PagesSpider):
     """Records, at every answer, how many requests the downloader may hold."""
 
@@ -118,7 +105,7 @@ async def test_a_cpu_bound_crawl_waits_in_the_scheduler_and_loses_nothing(monkey
     again at the end. With CPU to spare it is never narrowed."""
     seen = {}
     for busy in (False, True):
-        monkeypatch.setattr("scrapy_exitlimit.middleware.CpuLoad", lambda b=busy: _Busy(b))
+        cpu_reads_busy(monkeypatch, busy)
         _WatchingSpider.totals = []
         lab = Lab(exits=2, origin=OriginConfig(rate=None, latency=0.05))
         crawler = await crawl_lab(lab, {"EXITLIMIT_RATE": 1000}, 60, _WatchingSpider)
