@@ -69,11 +69,6 @@ def redis_dbsize(url: str) -> int | None:
         return None
 
 
-def start_lab(args: argparse.Namespace) -> tuple[subprocess.Popen, dict]:
-    return start_lab_process("--exits", str(args.exits), "--rate", str(args.origin_rate),
-                             cwd=ROOT)
-
-
 def crawl_command(args: argparse.Namespace, info: dict, redis_url: str | None) -> list[str]:
     settings = {
         "EXITLIMIT_RATE": args.exit_rate,
@@ -93,7 +88,8 @@ def crawl_command(args: argparse.Namespace, info: dict, redis_url: str | None) -
 
 
 def soak(args: argparse.Namespace) -> int:
-    lab, info = start_lab(args)
+    lab, info = start_lab_process("--exits", str(args.exits), "--rate", str(args.origin_rate),
+                                  cwd=ROOT)
     redis = crawl = None
     try:
         if args.backend == "redis":

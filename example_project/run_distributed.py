@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from scrapy_exitlimit.demo import per_exit_table, start_lab
+from scrapy_exitlimit.demo import per_exit_table
+from scrapy_exitlimit.lab.process import start_lab_process
 from scrapy_exitlimit.lab.redis_server import RedisServer
 
 PROJECT = Path(__file__).resolve().parent
@@ -43,7 +44,7 @@ def run(processes: int = 3, pages: int = 300, exits: int = 10, rate: float = 5.0
         print(*args, file=out or sys.stdout, flush=True)
 
     redis = RedisServer()  # before the lab: no redis-server, nothing to clean up
-    lab, info = start_lab(exits, rate)
+    lab, info = start_lab_process("--exits", str(exits), "--rate", str(rate))
     procs: list[subprocess.Popen] = []
     try:
         redis.start()

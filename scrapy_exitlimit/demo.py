@@ -29,10 +29,6 @@ def find_example_project() -> Path:
     raise SystemExit("example_project/ not found: run this from the scrapy-exitlimit checkout")
 
 
-def start_lab(exits: int, rate: float) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    return start_lab_process("--exits", str(exits), "--rate", str(rate))
-
-
 def per_exit_table(info: dict[str, Any], stats: dict[str, Any], rate: float) -> str:
     rows = [f"{'exit (IP the origin saw)':<26} {'pages':>6} {'429s':>5} {'achieved r/s':>13} "
             f"{'limit':>6}"]
@@ -59,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=5.0)
     args = ap.parse_args(argv)
     project = find_example_project()
-    lab, info = start_lab(args.exits, args.rate)
+    lab, info = start_lab_process("--exits", str(args.exits), "--rate", str(args.rate))
     try:
         print(f"lab: origin {info['origin_url']} allowing {args.rate:g} r/s per client IP, "
               f"{args.exits} exits", flush=True)
