@@ -48,8 +48,7 @@ class DownloaderRoom:
             if not busy:
                 return  # nothing to change, and nothing read yet
             self.configured = total
-        wanted = narrowed_total(self.configured, busy, held, parked,
-                                self.room * max(queues, 1))
+        wanted = narrowed_total(self.configured, busy, held, parked, self.room, queues)
         if wanted == total:
             return
         if total == self.configured:

@@ -24,6 +24,7 @@ def test_cpu_bound_it_holds_what_is_in_flight_and_the_room():
     # 92 held, 86 of them parked here: 6 past this middleware, and the room
     assert narrowed_total(96, busy=True, held=92, parked=86) == 6 + PARKING_ROOM
     assert narrowed_total(96, busy=True, held=92, parked=86, room=4) == 10
+    assert narrowed_total(96, busy=True, held=92, parked=86, room=4, queues=3) == 18  # each
     assert narrowed_total(0, busy=True, held=30, parked=0, room=4) == 34  # no limit: one now
 
 

@@ -118,15 +118,16 @@ class CpuLoad:
 
 
 def narrowed_total(configured: int, busy: bool, held: int, parked: int,
-                   room: int = BUSY_ROOM) -> int:
+                   room: int = BUSY_ROOM, queues: int = 1) -> int:
     """How many requests Scrapy's downloader should hold, parked ones included:
     ``configured`` (CONCURRENT_REQUESTS; 0: no limit) unless the process is ``busy``; then
-    those it holds past admission (``held`` less ``parked``) and ``room`` more, if that is
-    fewer. A request parked while the CPU is the limit gains nothing and costs memory and
-    collections; in the scheduler it costs nothing (``room.py``)."""
+    those it holds past admission (``held`` less ``parked``) and ``room`` more for each of
+    the ``queues`` its parked requests wait in, if that is fewer. A request parked while
+    the CPU is the limit gains nothing and costs memory and collections; in the scheduler
+    it costs nothing (``room.py``)."""
     if not busy:
         return configured
-    total = max(held - parked, 0) + max(room, 1)
+    total = max(held - parked, 0) + max(room * max(queues, 1), 1)
     return total if configured <= 0 or total < configured else configured
 
 

@@ -243,7 +243,7 @@ class _Sim:
             return
         waiting = [len(q) for q in self.queues.values() if q]
         self.slots = narrowed_total(self.configured_slots, busy, self.active, sum(waiting),
-                                    self.crawl.busy_room * max(len(waiting), 1))
+                                    self.crawl.busy_room, len(waiting))
 
     def cpu_seconds(self) -> float:
         """The client's CPU time so far: its work queued back to back up to ``cpu_free``,
