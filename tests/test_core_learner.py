@@ -10,6 +10,7 @@ import pytest
 
 from scrapy_exitlimit.core import Lease, Limiter, Limits, Tuning, make_exit
 from scrapy_exitlimit.core.limiter import SPREAD_MARGIN
+from scrapy_exitlimit.core.pair import SETTLED_ANSWERS
 from scrapy_exitlimit.core.warm import recall
 from scrapy_exitlimit.sim import Gcra, OriginModel, Unlimited
 from scrapy_exitlimit.sim.origins import Scheduled
@@ -302,6 +303,72 @@ def test_a_steady_trickle_of_503s_decreases_once_per_congestion_event():
     after_first = lim.origin_state(SITE).budget.bucket.rate
     assert lim.overloaded(leases[1], retry_after=None).events == []  # sent before: the same event
     assert lim.origin_state(SITE).budget.bucket.rate == after_first
+
+
+def _answer_in_turn(lim: Limiter, clock: FakeClock, latencies) -> Lease:
+    """One exit: each request answered after the next latency, the next one admitted as
+    soon as the limiter allows; returns the lease in flight after the last answer."""
+    lease = _admit(lim, clock)
+    for latency in latencies:
+        clock.advance(latency)
+        lim.success(lease, latency)
+        lim.release(lease.id)
+        lease = _admit(lim, clock)
+    return lease
+
+
+def _admit(lim: Limiter, clock: FakeClock) -> Lease:
+    """A lease as soon as the limiter gives one (the clock moves to each time it names)."""
+    got = lim.try_admit(SITE)
+    while not isinstance(got, Lease):
+        clock.now = got
+        got = lim.try_admit(SITE)
+    return got
+
+
+@pytest.mark.parametrize("jitter", [0.001, 0.003, 0.008])
+def test_a_settled_path_at_a_given_rate_keeps_of_the_margin_what_its_spread_needs(jitter):
+    clock = FakeClock(0.0)
+    lim = limiter(1, clock, rate=5.0)
+    latencies = [0.010, 0.010 + jitter] * SETTLED_ANSWERS
+    # one answer short of settled: the whole 5 ms margin (and a share of the spread)
+    lease = _answer_in_turn(lim, clock, latencies[:SETTLED_ANSWERS - 1])
+    pair = lim.pair_state(SITE, lease.exit_id)
+    assert pair.spread == pytest.approx(jitter, rel=0.05)  # (the floor drifts up a little)
+    assert pair.bucket.interval == pytest.approx(0.2 + 0.005 + SPREAD_MARGIN * pair.spread)
+    # settled: 2 ms (the server's clock), or the spread when wider, never over the 5 ms
+    lease = _answer_in_turn(lim, clock, latencies[SETTLED_ANSWERS - 1:])
+    assert pair.answers >= SETTLED_ANSWERS
+    kept = min(max(0.002, pair.spread), 0.005)
+    assert pair.bucket.interval == pytest.approx(0.2 + kept + SPREAD_MARGIN * pair.spread)
+    assert pair.bucket.interval < 0.2 + 0.005 + SPREAD_MARGIN * pair.spread or jitter > 0.005
+    # requests go no closer than that (an answer later than the fastest pushes on)
+    clock.advance(0.010)
+    lim.success(lease, 0.010)
+    lim.release(lease.id)
+    before = pair.last_admit
+    nxt = _admit(lim, clock)
+    assert pair.last_admit - before >= pair.bucket.interval - 1e-9
+    assert nxt.exit_id == lease.exit_id
+
+
+def test_a_learned_rate_and_a_rate_learned_under_a_given_one_keep_the_whole_margin():
+    clock = FakeClock(0.0)
+    learned = limiter(1, clock)  # no rate given
+    lease = _answer_in_turn(learned, clock, [0.010] * (SETTLED_ANSWERS + 4))
+    assert learned.pair_state(SITE, lease.exit_id).bucket.margin == pytest.approx(0.005)
+    clock = FakeClock(0.0)
+    given = limiter(1, clock, rate=5.0)
+    lease = _answer_in_turn(given, clock, [0.010] * (SETTLED_ANSWERS + 4))
+    pair = given.pair_state(SITE, lease.exit_id)
+    assert pair.bucket.margin == pytest.approx(0.002)
+    # a 429 at the given rate: the pair now paces at a rate learned under it
+    clock.advance(0.010)
+    given.rate_limited(SITE, lease.exit_id, 1.0, lease)
+    given.release(lease.id)
+    _answer_in_turn(given, clock, [0.010] * 3)
+    assert pair.bucket.rate < 5.0
+    assert pair.bucket.margin == pytest.approx(0.005)
 
 
 def test_arrival_spread_widens_pacing_only_near_a_known_limit():

@@ -7,8 +7,10 @@ import pytest
 import pytest_twisted
 from scrapy.settings import Settings
 
+from scrapy_exitlimit.backends.base import MemoryBackend
 from scrapy_exitlimit.backends.redis import HELD_LATE, RESERVE_AHEAD, RedisBackend
 from scrapy_exitlimit.config import ExitLimitConfig
+from scrapy_exitlimit.core.pair import SETTLED_ANSWERS
 
 from .test_partition import _sleep
 from .test_redis_backend import admit, redis_crawl_settings
@@ -216,3 +218,18 @@ def test_a_configured_site_rate_gets_the_safety_margin_once_processes_share_it()
     backend.processes = 3
     assert backend._origin_interval(configured) == pytest.approx(0.055)
     assert backend._origin_interval(learned) == pytest.approx(0.055)  # no second margin
+
+
+def test_pairs_paced_through_redis_keep_the_whole_safety_margin_once_settled(redis_url):
+    """Another process may take a pair's next token, seeing neither this one's late timers
+    nor its answers (and a reserved lease may go HELD_LATE late): the margin stays whole
+    where the memory backend lets a settled pair at a given rate keep 2 ms of its 5."""
+    settings = Settings({"EXITLIMIT_EXITS": ["http://127.0.0.10:3128"], "EXITLIMIT_RATE": 5,
+                         **redis_crawl_settings(redis_url)})
+    config = ExitLimitConfig.from_settings(settings)
+    shared, local = RedisBackend(config, settings), MemoryBackend(config)
+    for backend, settled in ((shared, 0.005), (local, 0.002)):
+        pair = backend.limiter.pair_state("http://o", "http://127.0.0.10:3128")
+        pair.answers = SETTLED_ANSWERS
+        assert backend.limiter.safety_margin(pair, given=False) == pytest.approx(0.005)
+        assert backend.limiter.safety_margin(pair, given=True) == pytest.approx(settled)

@@ -174,6 +174,10 @@ class RedisBackend(Backend):
         super().__init__(config)
         # shared changes edit pair state directly: a failed scan may not stand
         self.limiter.narrow_rescans = False
+        # a pair's next token may be taken by another process, which sees neither this
+        # one's late timers nor its answers (and a reserved lease may go up to HELD_LATE
+        # after its time): pairs keep the whole safety margin
+        self.limiter.settled_margin = self.limiter.tuning.margin
         self.url, self.params, self.source = redis_settings(settings, config.redis_timeout)
         self.prefix = config.redis_prefix
         self.on_error = config.redis_on_error

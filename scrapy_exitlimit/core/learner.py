@@ -148,6 +148,7 @@ class PoolPacing(NamedTuple):
     #: exit is neither the scout nor the leap (``special``): the pool's
     rate: float
     near: bool
+    given: bool
     special: tuple[str | None, str | None]
     #: whether discovery may hold an exit at all (False: ``holds`` is False for every one)
     holding: bool
@@ -580,12 +581,21 @@ class OriginLearner(SharedRateLearner):
         """Whether a limit is known close by: then pacing allows for arrival jitter."""
         return self._near(self.estimate(pl))
 
+    def given_limit(self, pl: PairLearning) -> bool:
+        """Whether the pair paces at a rate given (configured, or stated by the server),
+        not at one learned under it."""
+        return self._at_given(self.estimate(pl))
+
     def pool_pacing(self) -> PoolPacing:
         pool = self.pool
-        return PoolPacing(pool.lo, self._near(pool), (self.scout, self.leap), not pool.proven)
+        return PoolPacing(pool.lo, self._near(pool), self._at_given(pool),
+                          (self.scout, self.leap), not pool.proven)
 
     def _near(self, est: RateEstimate) -> bool:
         return est.hi is not None or self._given(est)
+
+    def _at_given(self, est: RateEstimate) -> bool:
+        return est.lo >= est.ceiling and self._given(est)
 
     def _given(self, est: RateEstimate) -> bool:
         """Whether ``est`` is a rate given (configured, or stated by the server): its

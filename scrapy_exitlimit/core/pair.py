@@ -15,7 +15,9 @@ keeps the rest:
    later than the fastest answers come, is how close together requests paced
    evenly may reach the server. Near a known limit on a jittery path the next
    request waits for the previous answer (``answer_wait`` past its interval at
-   most), so its arrival re-anchors pacing first.
+   most), so its arrival re-anchors pacing first. Once ``SETTLED_ANSWERS``
+   answers have measured the path, a given rate's safety margin shrinks to its
+   settled share (``Limiter.safety_margin``).
 3. **Cooldown.** A 429 cools the pair down for its Retry-After (never
    shortened by a later, shorter one); the bucket is held so the cooldown ends
    with one request, not a burst. A 429 to a request sent after the previous
@@ -47,6 +49,15 @@ LATENCY_FORGET = 0.02
 SPREAD_SAMPLES = 16
 #: the share of the arrival spread added to a pair's interval near a known limit
 SPREAD_MARGIN = 0.2
+#: answers after which a pair's path is settled: its fastest answer, read off a full
+#: spread sample, bounds when its requests arrived well enough that a pair paced at a
+#: given rate keeps of the safety margin only what its spread needs, and SETTLED_MARGIN
+#: of it at least (the server's clock: nginx counts whole milliseconds). Before that
+#: the floor may be read too high and the next request sent too close: through
+#: tinyproxy to nginx at a flat 2 ms margin, the 429s came on a pair's 5th to 8th
+#: request, none after the first 1.5 s
+SETTLED_ANSWERS = SPREAD_SAMPLES
+SETTLED_MARGIN = 0.4
 #: the longest an open breaker holds, and the longest ban (seconds)
 BREAKER_MAX = 3600.0
 BAN_MAX = 86400.0
@@ -125,6 +136,11 @@ class PairState:
     def usable(self, now: float) -> bool:
         """Not banned, breaker not open: it could serve (perhaps after its token)."""
         return not (self.banned_until > now or self.breaker_opened and self.cooldown_until > now)
+
+    @property
+    def settled(self) -> bool:
+        """Enough answers that the path's floor is measured (rule 2's margin shrinks)."""
+        return self.answers >= SETTLED_ANSWERS
 
     @property
     def arrival_slack(self) -> float:

@@ -68,7 +68,7 @@ def remember(limiter: Limiter, offset: float,
         spreads = []  # the arrival jitter the pool's pairs allow for, when near its limit
         for pair_key, pair in ostate.pairs.items():
             pl = pair.learning
-            allowance = _allowance(limiter, pair)
+            allowance = _allowance(limiter, origin, pair)
             if pl.own is None:
                 if limiter.arrival_slack(pair) > 0:  # warm: its spread is measured
                     spreads.append(allowance)
@@ -116,10 +116,11 @@ def _stagger(limiter: Limiter, origin: str, now: float) -> None:
         limiter.pair_state(origin, exit_id).bucket.hold_until(now + interval * i / len(exits))
 
 
-def _allowance(limiter: Limiter, pair: PairState) -> float:
-    """What the pair's pacing adds to every interval beyond the safety margin a new pair
-    starts with (near a limit, for the arrival jitter the pair measured)."""
-    return max(pair.bucket.margin - limiter.tuning.margin, 0.0)
+def _allowance(limiter: Limiter, origin: str, pair: PairState) -> float:
+    """What the pair's pacing adds to every interval beyond its safety margin (near a
+    limit, for the arrival jitter the pair measured)."""
+    given = limiter.origin_state(origin).learner.given_limit(pair.learning)
+    return max(pair.bucket.margin - limiter.safety_margin(pair, given), 0.0)
 
 
 def recall(limiter: Limiter, origins: Mapping[str, Mapping[str, Any]], *, wall_now: float,
