@@ -144,8 +144,8 @@ class PoolPacing(NamedTuple):
     """What an exit search reads from an origin's learner once, not once per exit (its
     judgements were two thirds of a no-limit crawl's calls into the limiter)."""
 
-    #: ``pair_rate`` and ``near_limit`` of every pair with no limit of its own whose
-    #: exit is neither the scout nor the leap (``special``): the pool's
+    #: ``pair_rate``, ``near_limit`` and ``given_limit`` of every pair with no limit of
+    #: its own whose exit is neither the scout nor the leap (``special``): the pool's
     rate: float
     near: bool
     given: bool

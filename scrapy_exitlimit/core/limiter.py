@@ -544,10 +544,11 @@ class Limiter:
     def safety_margin(self, pair: PairState, given: bool) -> float:
         """The safety margin the pair's pacing adds to every interval (before any for its
         arrival spread); ``given``: it paces at a rate given (configured, or stated by the
-        server). A given rate keeps the whole margin until its path is settled; a learned
-        one always does (it was proven clean at it, and its probes step from there: in
-        the simulator a settled share let a learned per-IP crawl draw 0.50 % of 429s,
-        against 0.40 %)."""
+        server). A given rate keeps the whole margin until its path is settled, then what
+        its arrival spread needs, ``settled_margin`` at least; a learned one keeps the
+        whole margin (it was proven clean at it, and its probes step from there: in the
+        simulator a settled share let a learned per-IP crawl draw 0.50 % of 429s, against
+        0.40 %)."""
         margin = self.tuning.margin
         if given and pair.settled:
             return max(self.settled_margin, min(margin, pair.spread))
