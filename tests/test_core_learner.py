@@ -16,6 +16,7 @@ from scrapy_exitlimit.sim import Gcra, OriginModel, Unlimited
 from scrapy_exitlimit.sim.origins import Scheduled
 
 from .conftest import FakeClock
+from .test_core_limiter import _admit
 
 SITE = "http://site.test"
 
@@ -317,15 +318,6 @@ def _answer_in_turn(lim: Limiter, clock: FakeClock, latencies) -> Lease:
     return lease
 
 
-def _admit(lim: Limiter, clock: FakeClock) -> Lease:
-    """A lease as soon as the limiter gives one (the clock moves to each time it names)."""
-    got = lim.try_admit(SITE)
-    while not isinstance(got, Lease):
-        clock.now = got
-        got = lim.try_admit(SITE)
-    return got
-
-
 @pytest.mark.parametrize("jitter", [0.001, 0.003, 0.008])
 def test_a_settled_path_at_a_given_rate_keeps_of_the_margin_what_its_spread_needs(jitter):
     clock = FakeClock(0.0)
@@ -374,17 +366,9 @@ def test_a_learned_rate_and_a_rate_learned_under_a_given_one_keep_the_whole_marg
 def test_arrival_spread_widens_pacing_only_near_a_known_limit():
     clock = FakeClock(0.0)
     lim = limiter(1, clock, rate=5.0)
-    lease = lim.try_admit(SITE)
+    # 300 ms of jitter
+    lease = _answer_in_turn(lim, clock, (0.05, 0.35, 0.05, 0.30, 0.05, 0.25, 0.05))
     exit_id = lease.exit_id
-    for latency in (0.05, 0.35, 0.05, 0.30, 0.05, 0.25, 0.05):  # 300 ms of jitter
-        clock.advance(latency)
-        lim.success(lease, latency)
-        lim.release(lease.id)
-        got = lim.try_admit(SITE)
-        while not isinstance(got, Lease):
-            clock.now = got
-            got = lim.try_admit(SITE)
-        lease = got
     pair = lim.pair_state(SITE, exit_id)
     assert pair.spread >= 0.2
     # a configured rate is a known limit: paced 1/5 s plus a share of the spread (the

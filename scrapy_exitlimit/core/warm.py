@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .learner import OriginLearner
 from .limiter import INDEX_ABOVE, Limiter, PairState
 
 #: pools up to this size start staggered (larger ones use the limiter's index)
@@ -68,7 +69,7 @@ def remember(limiter: Limiter, offset: float,
         spreads = []  # the arrival jitter the pool's pairs allow for, when near its limit
         for pair_key, pair in ostate.pairs.items():
             pl = pair.learning
-            allowance = _allowance(limiter, origin, pair)
+            allowance = _allowance(limiter, learner, pair)
             if pl.own is None:
                 if limiter.arrival_slack(pair) > 0:  # warm: its spread is measured
                     spreads.append(allowance)
@@ -116,10 +117,10 @@ def _stagger(limiter: Limiter, origin: str, now: float) -> None:
         limiter.pair_state(origin, exit_id).bucket.hold_until(now + interval * i / len(exits))
 
 
-def _allowance(limiter: Limiter, origin: str, pair: PairState) -> float:
+def _allowance(limiter: Limiter, learner: OriginLearner, pair: PairState) -> float:
     """What the pair's pacing adds to every interval beyond its safety margin (near a
     limit, for the arrival jitter the pair measured)."""
-    given = limiter.origin_state(origin).learner.given_limit(pair.learning)
+    given = learner.given_limit(pair.learning)
     return max(pair.bucket.margin - limiter.safety_margin(pair, given), 0.0)
 
 
