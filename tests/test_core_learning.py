@@ -434,6 +434,46 @@ def test_the_far_leap_proves_eight_times_the_start_rate_in_a_sixteenth_of_a_seco
     assert ol.scout == leap and ol.suspect is None
 
 
+@pytest.mark.parametrize("later, sent_first, far", [
+    (0.001, False, 16.0),  # a fast answer before its test: the cube
+    (0.02, False, 8.0),  # no faster answer: the square stays
+    (0.001, True, 8.0),  # its test already went: too late to change it
+])
+def test_a_faster_answer_before_the_far_leaps_test_lets_it_try_the_cube(
+        later, sent_first, far):
+    """The first answer rode a cold connection (20 ms: the square, 8 r/s); another
+    answer ``later`` after its request, before the leap's test went, is fast enough for
+    the cube: the test tries 16 r/s, due a sixteenth of a second after the leap's first
+    request (not an eighth), and proves it."""
+    lim, clock = learner(4, start_leap=2.0)
+    leases = [lim.try_admit(SITE) for _ in range(4)]
+    answer(lim, clock, leases[0], latency=0.02)
+    ol = lim.origin_state(SITE).learner
+    leap = ol.leap
+    assert ol.leap_far and ol.leap_rate() == 8.0
+    # the leap's own first answer (its test waits for it), then the rest
+    answer(lim, clock, next(le for le in leases if le.exit_id == leap),
+           latency=0.02 if sent_first else later)
+    if sent_first:
+        clock.now = lim.try_admit(SITE)
+        test = lim.try_admit(SITE)
+        assert test.exit_id == leap and test.rate == 8.0
+    for lease in leases[1:]:
+        if lease.exit_id != leap:
+            answer(lim, clock, lease, latency=later)
+    assert ol.leap_rate() == far
+    if sent_first:
+        return
+    clock.now = lim.try_admit(SITE)
+    # due an interval at its rate after its first answer (a cold path: its request
+    # arrived by then), which came 20 ms and ``later`` after the first requests
+    assert (clock.now < 1 / 8) == (far == 16.0)
+    test = lim.try_admit(SITE)
+    assert test.exit_id == leap and test.rate == far
+    answer(lim, clock, test)
+    assert ol.pool.proven and ol.pool.lo == pytest.approx(far, rel=0.05)
+
+
 def far_leap_clean(latency=0.0005):
     """Discovery whose far leap ran clean, its answer ``latency`` after its request:
     (lim, clock, learner, the leap's exit, now the scout)."""

@@ -101,6 +101,8 @@ class FeedbackLaws:
         if far_leap and origin_learner.leap is None and latency is not None:  # it ran clean
             origin_learner.jump_after_leap(latency)
         self._leap(out, lease.origin, origin_state, now, latency)
+        if latency is not None and origin_learner.quicken_far_leap(latency):
+            out.changes.append(LearningChanged(lease.origin))
         for scope, gap in zip(lease.scopes, lease.scope_gaps, strict=True):
             learner = self.scopes.state(scope).learner
             if learner is not None:
