@@ -10,7 +10,8 @@ with a :class:`RateEstimate`:
    ``leap``) tries twice the start rate: clean, slow start goes on from there a
    step sooner; a 429 is the lone 429 that a second exit must confirm anyway. On a
    fast path with the crawl mostly on this origin the first leap is the far one
-   (four times the start rate); refused, another exit leaps twice it.
+   (eight or four times the start rate, as fast as the answers before its test
+   came); refused, another exit leaps twice it.
 2. **The pool's per-IP rate** (``pool``): one scout at a time probes above what
    is clean (slow start, then bisection); the others pace at ``lo``.
 3. **A lone exit is not the pool.** Before any ceiling is known, a scout's 429
