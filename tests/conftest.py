@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from importlib import resources
 
@@ -13,6 +15,7 @@ from .redis_server import RedisClusterServer, RedisServer, redis_binary, redis_c
 # the exit id key file (config.id_key) of the test run, not the user's: subprocesses
 # inherit it, so their ids agree with this process's
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="exitlimit-tests-")
+atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], ignore_errors=True)
 
 #: seconds Hypothesis may spend shrinking one failure. The run's per-test timeout
 #: (setup.cfg, 120 s) kills the whole session, with no example and no summary, so a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import tempfile
 
@@ -155,15 +156,31 @@ async def test_acl_user_password_and_database_are_honoured(redis_server, redis_u
 
 @pytest_twisted.ensureDeferred
 async def test_unix_socket():
-    path = os.path.join(tempfile.mkdtemp(prefix="exitlimit-sock-"), "redis.sock")
-    server = RedisServer(redis_binary(), "--unixsocket", path)
+    with tempfile.TemporaryDirectory(prefix="exitlimit-sock-") as where:
+        path = os.path.join(where, "redis.sock")
+        server = RedisServer(redis_binary(), "--unixsocket", path)
+        server.start()
+        channel = channel_for(f"unix://{path}?db=1")
+        try:
+            assert await run(channel.call(["u"], [5])) == ["u", "5"]
+        finally:
+            channel.close()
+            server.stop()
+
+
+def test_a_throwaway_redis_servers_directory_goes_with_it():
+    """Stopped, a server may start again in its directory; once dropped, the directory
+    is removed (test runs left one per server in /tmp)."""
+    server = RedisServer(redis_binary())
+    where = server.dir
     server.start()
-    channel = channel_for(f"unix://{path}?db=1")
-    try:
-        assert await run(channel.call(["u"], [5])) == ["u", "5"]
-    finally:
-        channel.close()
-        server.stop()
+    server.stop()
+    server.start()  # a restart (the outage tests) still finds it
+    server.stop()
+    assert os.path.isdir(where)
+    del server
+    gc.collect()
+    assert not os.path.exists(where)
 
 
 def test_what_the_channel_cannot_speak_goes_through_redis_py(monkeypatch):

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import weakref
 
 
 def free_port() -> int:
@@ -26,6 +27,8 @@ class RedisServer:
         self.binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="exitlimit-redis-")
+        # gone with the object, not at stop(): a stopped server may be started again
+        weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)
         self.extra = extra
         self.proc: subprocess.Popen | None = None
 
@@ -104,6 +107,7 @@ class RedisClusterServer:
             if port not in self.ports:
                 self.ports.append(port)
         self.dir = tempfile.mkdtemp(prefix="exitlimit-redis-cluster-")
+        weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)  # (nodes.conf)
         self.procs: list[subprocess.Popen] = []
 
     @property
