@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 
 from .changes import ExitEvicted, Feedback, Hold, LearningChanged, OriginHeld, PairHeld
 from .events import Event, EventKind
-from .learner import FAR_LEAP_LATENCY
 from .leases import Lease
 from .origin import OriginState
 from .pair import PairState
@@ -175,7 +174,7 @@ class FeedbackLaws:
                 for power in (3, 2):
                     learner.far_factor = learner.leap_factor ** power
                     if latency is not None and \
-                            latency * FAR_LEAP_LATENCY <= 1.0 / learner.leap_rate():
+                            learner.far_leap_tells(latency, learner.far_factor):
                         break
                 else:
                     # a slow path's arrival jitter can space the far leap's test as wide

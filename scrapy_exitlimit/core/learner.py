@@ -522,14 +522,20 @@ class OriginLearner(SharedRateLearner):
         over). A first answer rides a cold connection: through the lab's proxies the first
         of ten came 17 ms after its request and the others from 11 ms, so the leap tried 8
         r/s, not 16, and its test went 90 ms later. Whether it changed."""
-        cube = self.leap_factor ** 3
         if self.leap is None or not self.leap_far or self.leap_sent or \
-                self.far_factor is None or self.far_factor >= cube:
+                self.far_factor is None:
             return False
-        if latency * FAR_LEAP_LATENCY > 1.0 / min(self.pool.lo * cube, self.pool.ceiling):
+        cube = self.leap_factor ** 3
+        if self.far_factor >= cube or not self.far_leap_tells(latency, cube):
             return False
         self.far_factor = cube
         return True
+
+    def far_leap_tells(self, latency: float, factor: float) -> bool:
+        """Whether a path whose answers come ``latency`` after their requests lets a far
+        leap of ``factor`` times the start rate tell: its interval four times that
+        (FAR_LEAP_LATENCY) or more."""
+        return latency * FAR_LEAP_LATENCY <= 1.0 / min(self.pool.lo * factor, self.pool.ceiling)
 
     def wants_leap(self) -> bool:
         """Whether a leap is worth trying: a scout is proving a start rate not yet
